@@ -1,0 +1,23 @@
+// The kernels a build holds, listed by the generated kernel_table.cpp.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <vector>
+
+#include "flashattn/params.h"
+
+namespace flashattn {
+
+using FwdKernelFn = void (*)(const FwdParams&, cudaStream_t);
+
+struct FwdKernelEntry {
+  int family;          // 70, 75, 80
+  const char* dtype;   // "fp16", "bf16"
+  int head_dim;        // bucket: serves head dims up to this
+  FwdKernelFn fn;
+};
+
+const std::vector<FwdKernelEntry>& fwd_kernel_table();
+
+}  // namespace flashattn

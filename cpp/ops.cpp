@@ -1,0 +1,294 @@
+// The CUDA side of torch.ops.flashattn: argument checks -> params -> dispatch.
+// Only PyTorch's stable ABI is used, so one build loads in every torch from the
+// target version on. The schemas are defined in python/flashattn/_ops.py.
+#include <cuda_runtime.h>
+
+#include <torch/csrc/inductor/aoti_torch/c/shim.h>
+#include <torch/csrc/stable/accelerator.h>
+#include <torch/csrc/stable/library.h>
+#include <torch/csrc/stable/ops.h>
+#include <torch/csrc/stable/tensor.h>
+#include <torch/headeronly/core/ScalarType.h>
+
+#include <cmath>
+#include <optional>
+#include <string>
+#include <tuple>
+
+#include "flashattn/params.h"
+#include "kernel_table.h"
+
+namespace flashattn {
+namespace {
+
+using torch::stable::Tensor;
+using torch::headeronly::ScalarType;
+
+constexpr int kMaxHeadDim = 256;
+
+#define FA_CHECK(cond, ...) STD_TORCH_CHECK(cond, "flashattn: ", __VA_ARGS__)
+
+const char* dtype_name(ScalarType t) {
+  switch (t) {
+    case ScalarType::Half: return "torch.float16";
+    case ScalarType::BFloat16: return "torch.bfloat16";
+    case ScalarType::Float: return "torch.float32";
+    case ScalarType::Double: return "torch.float64";
+    default: return "a non-floating dtype";
+  }
+}
+
+std::string shape_str(const Tensor& t) {
+  std::string s = "(";
+  for (int64_t i = 0; i < t.dim(); ++i) s += (i ? ", " : "") + std::to_string(t.size(i));
+  return s + ")";
+}
+
+void check_cuda_tensor(const Tensor& t, const char* name, const Tensor& ref) {
+  FA_CHECK(t.is_cuda(), name, " is not a CUDA tensor; put q, k, v and every other input on one GPU");
+  FA_CHECK(t.get_device_index() == ref.get_device_index(), name, " is on cuda:", t.get_device_index(),
+           " but q is on cuda:", ref.get_device_index(), "; put all inputs on one device");
+}
+
+void check_attn_tensor(const Tensor& t, const char* name, const Tensor& q) {
+  check_cuda_tensor(t, name, q);
+  FA_CHECK(t.dim() == 4, name, " must be 4-D (batch, seqlen, heads, head_dim), got shape ",
+           shape_str(t));
+  FA_CHECK(t.scalar_type() == q.scalar_type(), name, " has dtype ", dtype_name(t.scalar_type()),
+           " but q has ", dtype_name(q.scalar_type()), "; give q, k and v one dtype");
+  FA_CHECK(t.stride(3) == 1, name, " has a non-contiguous last dim (stride ", t.stride(3),
+           "); call .contiguous() or pass a tensor whose last dim is contiguous");
+  for (int64_t i = 0; i < 4; ++i)
+    FA_CHECK(t.size(i) > 0, name, " is empty (shape ", shape_str(t), "); every dim must be >= 1");
+}
+
+int device_capability(int device) {
+  int major = 0, minor = 0;
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
+  return major * 10 + minor;
+}
+
+int family_for_capability(int cc) {
+  FA_CHECK(cc >= 70, "needs compute capability 7.0 or newer; this GPU is ", cc / 10, ".", cc % 10);
+  return cc >= 80 ? 80 : (cc >= 75 ? 75 : 70);
+}
+
+cudaStream_t current_stream(int device) {
+  void* stream = nullptr;
+  STABLE_TORCH_ERROR_CODE_CHECK(aoti_torch_get_current_cuda_stream(device, &stream));
+  return static_cast<cudaStream_t>(stream);
+}
+
+// The scalar arguments shared by every op.
+struct Options {
+  std::optional<Tensor> alibi_slopes;
+  std::optional<Tensor> rng_state;
+  double dropout_p;
+  double softmax_scale;
+  bool causal;
+  int64_t window_left;
+  int64_t window_right;
+  double softcap;
+  int64_t family;
+};
+
+// Checks q/k/v and the options, fills the forward params (pointers to out and
+// lse are set by the caller). Returns the kernel to run.
+FwdKernelFn prepare_fwd(const Tensor& q, const Tensor& k, const Tensor& v, const Options& o,
+                        FwdParams& p) {
+  FA_CHECK(q.is_cuda(), "q is not a CUDA tensor");
+  const ScalarType dt = q.scalar_type();
+  FA_CHECK(dt == ScalarType::Half || dt == ScalarType::BFloat16, "q has dtype ", dtype_name(dt),
+           "; the CUDA kernels take torch.float16 or torch.bfloat16 (cast with .half() or "
+           ".bfloat16())");
+  check_attn_tensor(q, "q", q);
+  check_attn_tensor(k, "k", q);
+  check_attn_tensor(v, "v", q);
+  const int64_t b = q.size(0), s_q = q.size(1), h = q.size(2), d = q.size(3);
+  const int64_t s_k = k.size(1), h_k = k.size(2);
+  FA_CHECK(k.size(0) == b && v.size(0) == b, "batch sizes differ: q ", shape_str(q), ", k ",
+           shape_str(k), ", v ", shape_str(v));
+  FA_CHECK(k.size(3) == d && v.size(3) == d, "head dims differ: q ", shape_str(q), ", k ",
+           shape_str(k), ", v ", shape_str(v), "; q, k and v need one head_dim");
+  FA_CHECK(v.size(1) == s_k && v.size(2) == h_k, "k ", shape_str(k), " and v ", shape_str(v),
+           " must have the same shape");
+  FA_CHECK(h % h_k == 0, h, " query heads are not a multiple of ", h_k,
+           " key/value heads (GQA/MQA needs h % h_k == 0)");
+  FA_CHECK(d <= kMaxHeadDim, "head dim ", d, " is over the maximum of ", kMaxHeadDim);
+  FA_CHECK(d % 8 == 0, "head dim ", d,
+           " is not a multiple of 8; pad it (flashattn.flash_attn_func does this for you)");
+  FA_CHECK(o.window_left >= -1 && o.window_right >= -1, "window_size (", o.window_left, ", ",
+           o.window_right, ") is invalid; each side is -1 (unbounded) or >= 0");
+  FA_CHECK(o.dropout_p >= 0.0 && o.dropout_p < 1.0, "dropout_p ", o.dropout_p,
+           " is outside [0, 1)");
+  FA_CHECK(o.softcap >= 0.0, "softcap ", o.softcap, " is negative; use 0 to turn it off");
+  FA_CHECK(std::isfinite(o.softmax_scale), "softmax_scale ", o.softmax_scale, " is not finite");
+  FA_CHECK(s_q < (int64_t(1) << 31) && s_k < (int64_t(1) << 31) &&
+               b * h * ((s_q + 63) / 64) < (int64_t(1) << 31),
+           "the problem is too large for one launch (batch * heads * seqlen_q / 64 >= 2^31)");
+
+  // Features the kernels do not have yet: say which, never compute something else.
+  FA_CHECK(o.dropout_p == 0.0, "dropout (dropout_p=", o.dropout_p,
+           ") has no CUDA kernel yet; use dropout_p=0 (the CPU reference implements it)");
+  FA_CHECK(!o.alibi_slopes.has_value(),
+           "ALiBi has no CUDA kernel yet (alibi_slopes given); the CPU reference implements it");
+  FA_CHECK(o.softcap == 0.0, "softcap has no CUDA kernel yet (softcap=", o.softcap,
+           "); the CPU reference implements it");
+
+  const int device = q.get_device_index();
+  const int cc = device_capability(device);
+  int family = static_cast<int>(o.family);
+  if (family == 0) family = family_for_capability(cc);
+  FA_CHECK(family == 70 || family == 75 || family == 80, "unknown kernel family ", family,
+           "; use 0 (auto), 70, 75 or 80");
+  FA_CHECK(family <= cc, "family sm", family, " cannot run on this GPU (compute capability ",
+           cc / 10, ".", cc % 10, ")");
+  const char* dtype = dt == ScalarType::Half ? "fp16" : "bf16";
+  FA_CHECK(!(family < 80 && dt == ScalarType::BFloat16), "bf16 needs sm_80 tensor cores; the sm",
+           family, " family takes fp16 (cast with .half())");
+
+  FwdKernelFn fn = nullptr;
+  int bucket = 0;
+  std::string built;
+  for (const auto& e : fwd_kernel_table()) {
+    if (e.family != family || std::string(e.dtype) != dtype) continue;
+    built += " " + std::to_string(e.head_dim);
+    if (e.head_dim >= d && (fn == nullptr || e.head_dim < bucket)) {
+      fn = e.fn;
+      bucket = e.head_dim;
+    }
+  }
+  FA_CHECK(fn != nullptr, "this build has no forward kernel for family sm", family, ", ", dtype,
+           ", head dim ", d, " (built head-dim buckets for it:", built.empty() ? " none" : built,
+           "); rebuild with FLASHATTN_FAMILIES / FLASHATTN_DTYPES / FLASHATTN_HEAD_DIMS covering it");
+
+  p.q = q.data_ptr();
+  p.k = k.data_ptr();
+  p.v = v.data_ptr();
+  p.q_batch_stride = q.stride(0), p.q_row_stride = q.stride(1), p.q_head_stride = q.stride(2);
+  p.k_batch_stride = k.stride(0), p.k_row_stride = k.stride(1), p.k_head_stride = k.stride(2);
+  p.v_batch_stride = v.stride(0), p.v_row_stride = v.stride(1), p.v_head_stride = v.stride(2);
+  p.batch = static_cast<int>(b);
+  p.heads = static_cast<int>(h);
+  p.heads_k = static_cast<int>(h_k);
+  p.seqlen_q = static_cast<int>(s_q);
+  p.seqlen_k = static_cast<int>(s_k);
+  p.head_dim = static_cast<int>(d);
+  p.softmax_scale = static_cast<float>(o.softmax_scale);
+  p.softmax_scale_log2 = static_cast<float>(o.softmax_scale * M_LOG2E);
+  // Windows wider than the sequences are unbounded: keeps index math in int.
+  int64_t wl = o.window_left, wr = o.causal ? 0 : o.window_right;
+  if (wl >= s_k + s_q) wl = -1;
+  if (wr >= s_k + s_q) wr = -1;
+  p.is_causal = o.causal;
+  p.window_left = static_cast<int>(wl);
+  p.window_right = static_cast<int>(wr);
+  p.is_bf16 = dt == ScalarType::BFloat16;
+  int sms = 0;
+  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+  p.num_sms = sms;
+  return fn;
+}
+
+void check_out(const Tensor& out, const Tensor& q) {
+  check_cuda_tensor(out, "out", q);
+  FA_CHECK(out.dim() == 4 && out.size(0) == q.size(0) && out.size(1) == q.size(1) &&
+               out.size(2) == q.size(2) && out.size(3) == q.size(3),
+           "out has shape ", shape_str(out), " but q has ", shape_str(q), "; they must match");
+  FA_CHECK(out.scalar_type() == q.scalar_type(), "out has dtype ", dtype_name(out.scalar_type()),
+           " but q has ", dtype_name(q.scalar_type()));
+  FA_CHECK(out.stride(3) == 1, "out has a non-contiguous last dim; pass a tensor whose last dim "
+           "is contiguous");
+}
+
+Tensor run_fwd(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+               const Options& o) {
+  FwdParams p;
+  FwdKernelFn fn = prepare_fwd(q, k, v, o, p);
+  check_out(out, q);
+  torch::stable::accelerator::DeviceGuard guard(q.get_device_index());
+  Tensor lse = torch::stable::empty({q.size(0), q.size(2), q.size(1)}, ScalarType::Float,
+                                    std::nullopt, q.device());
+  p.out = out.data_ptr();
+  p.out_batch_stride = out.stride(0), p.out_row_stride = out.stride(1),
+  p.out_head_stride = out.stride(2);
+  p.softmax_lse = static_cast<float*>(lse.data_ptr());
+  fn(p, current_stream(q.get_device_index()));
+  const cudaError_t err = cudaGetLastError();
+  FA_CHECK(err == cudaSuccess, "forward kernel launch failed: ", cudaGetErrorString(err));
+  return lse;
+}
+
+std::tuple<Tensor, Tensor> fwd(Tensor q, Tensor k, Tensor v, std::optional<Tensor> alibi_slopes,
+                               std::optional<Tensor> rng_state, double dropout_p,
+                               double softmax_scale, bool causal, int64_t window_left,
+                               int64_t window_right, double softcap, int64_t family) {
+  const Options o{alibi_slopes, rng_state, dropout_p, softmax_scale, causal,
+                  window_left,  window_right, softcap, family};
+  FA_CHECK(q.is_cuda(), "q is not a CUDA tensor");
+  FA_CHECK(q.dim() == 4, "q must be 4-D (batch, seqlen, heads, head_dim), got shape ",
+           shape_str(q));
+  Tensor out = torch::stable::empty({q.size(0), q.size(1), q.size(2), q.size(3)},
+                                    q.scalar_type(), std::nullopt, q.device());
+  Tensor lse = run_fwd(q, k, v, out, o);
+  return std::make_tuple(out, lse);
+}
+
+Tensor fwd_out(Tensor q, Tensor k, Tensor v, Tensor out, std::optional<Tensor> alibi_slopes,
+               std::optional<Tensor> rng_state, double dropout_p, double softmax_scale,
+               bool causal, int64_t window_left, int64_t window_right, double softcap,
+               int64_t family) {
+  const Options o{alibi_slopes, rng_state, dropout_p, softmax_scale, causal,
+                  window_left,  window_right, softcap, family};
+  return run_fwd(q, k, v, out, o);
+}
+
+void run_bwd(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
+             const Tensor& out, const Tensor& lse, const Options& o) {
+  FwdParams p;
+  prepare_fwd(q, k, v, o, p);
+  check_attn_tensor(dout, "dout", q);
+  check_out(out, q);
+  FA_CHECK(dout.size(0) == q.size(0) && dout.size(1) == q.size(1) && dout.size(2) == q.size(2) &&
+               dout.size(3) == q.size(3),
+           "dout has shape ", shape_str(dout), " but q has ", shape_str(q));
+  check_cuda_tensor(lse, "softmax_lse", q);
+  FA_CHECK(lse.scalar_type() == ScalarType::Float, "softmax_lse must be float32");
+  FA_CHECK(false, "no backward kernel yet: the CUDA backward lands with the SM80 backward "
+           "issue; train on CPU tensors meanwhile (the reference implements it)");
+}
+
+std::tuple<Tensor, Tensor, Tensor> bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out,
+                                       Tensor softmax_lse, std::optional<Tensor> alibi_slopes,
+                                       std::optional<Tensor> rng_state, double dropout_p,
+                                       double softmax_scale, bool causal, int64_t window_left,
+                                       int64_t window_right, double softcap, bool deterministic,
+                                       int64_t family) {
+  (void)deterministic;
+  const Options o{alibi_slopes, rng_state, dropout_p, softmax_scale, causal,
+                  window_left,  window_right, softcap, family};
+  run_bwd(dout, q, k, v, out, softmax_lse, o);
+  return std::make_tuple(q, k, v);  // unreachable: run_bwd raises until the kernel lands
+}
+
+void bwd_out(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor softmax_lse, Tensor dq,
+             Tensor dk, Tensor dv, std::optional<Tensor> alibi_slopes,
+             std::optional<Tensor> rng_state, double dropout_p, double softmax_scale, bool causal,
+             int64_t window_left, int64_t window_right, double softcap, bool deterministic,
+             int64_t family) {
+  (void)dq, (void)dk, (void)dv, (void)deterministic;
+  const Options o{alibi_slopes, rng_state, dropout_p, softmax_scale, causal,
+                  window_left,  window_right, softcap, family};
+  run_bwd(dout, q, k, v, out, softmax_lse, o);
+}
+
+}  // namespace
+}  // namespace flashattn
+
+STABLE_TORCH_LIBRARY_IMPL(flashattn, CUDA, m) {
+  m.impl("fwd", TORCH_BOX(&flashattn::fwd));
+  m.impl("fwd_out", TORCH_BOX(&flashattn::fwd_out));
+  m.impl("bwd", TORCH_BOX(&flashattn::bwd));
+  m.impl("bwd_out", TORCH_BOX(&flashattn::bwd_out));
+}
