@@ -1,0 +1,98 @@
+// Traits of the sm80 family (Ampere, Ada, and every newer GPU): SM80 16x8x16
+// mma atoms, cp.async global->shared copies, swizzled shared memory, ldmatrix.
+#pragma once
+
+#include <cute/tensor.hpp>
+#include <cute/atom/copy_atom.hpp>
+#include <cute/atom/mma_atom.hpp>
+#include <cutlass/numeric_types.h>
+
+namespace flashattn {
+
+using namespace cute;
+
+template <typename Element>
+struct Sm80MmaAtom;
+template <>
+struct Sm80MmaAtom<cutlass::half_t> {
+  using type = MMA_Atom<SM80_16x8x16_F32F16F16F32_TN>;
+};
+template <>
+struct Sm80MmaAtom<cutlass::bfloat16_t> {
+  using type = MMA_Atom<SM80_16x8x16_F32BF16BF16F32_TN>;
+};
+
+// Accumulator-layout facts of the 16x8x16 (and 16x8x8) fp32 atoms, shared by the
+// sm80 and sm75 families. The C fragment of one atom holds 4 values per thread:
+// mode (2 columns, 2 rows 8 apart). Row r of the atom lives in the 4 lanes
+// 4*(r%8) + {0,1,2,3}, so a row reduction xor-shuffles lanes 1 and 2.
+struct Sm80AccumulatorLayout {
+  static constexpr unsigned kRowShuffleMask = 0x3;
+
+  // ((2,2), MMA_M, MMA_N) -> ((2, MMA_M), (2, MMA_N)): rows, columns.
+  template <typename Layout>
+  CUTE_HOST_DEVICE static constexpr auto rowcol(Layout acc) {
+    static_assert(decltype(rank<0>(acc))::value == 2);
+    return make_layout(make_layout(get<0, 1>(acc), get<1>(acc)),
+                       make_layout(get<0, 0>(acc), get<2>(acc)));
+  }
+
+  // The C fragment of S (two adjacent 16x8 tiles) is the A fragment of P for
+  // the next 16x8x16 mma: ((2,2), MMA_M, MMA_N) -> ((2,2,2), MMA_M, MMA_N/2).
+  template <typename Layout>
+  CUTE_HOST_DEVICE static constexpr auto c_to_a(Layout acc) {
+    auto l = logical_divide(acc, Shape<Underscore, Underscore, _2>{});
+    return make_layout(make_layout(get<0>(l), get<2, 0>(l)), get<1>(l), get<2, 1>(l));
+  }
+};
+
+template <typename Element_, int kHeadDim_, int kBlockM_, int kBlockN_, int kNWarps_>
+struct Sm80FwdTraits : Sm80AccumulatorLayout {
+  using Element = Element_;
+  static constexpr int kHeadDim = kHeadDim_;  // bucket; the real head dim is predicated
+  static constexpr int kBlockM = kBlockM_;
+  static constexpr int kBlockN = kBlockN_;
+  static constexpr int kNWarps = kNWarps_;
+  static constexpr int kNThreads = kNWarps * 32;
+
+  // Warps split the query rows; each warp owns whole rows of S, so the softmax
+  // never reduces across warps.
+  using TiledMma = TiledMMA<typename Sm80MmaAtom<Element>::type, Layout<Shape<Int<kNWarps>, _1, _1>>,
+                            Tile<Int<16 * kNWarps>, _16, _16>>;
+
+  // Shared memory: rows of 64 (or 32) elements, XOR-swizzled so that ldmatrix
+  // reads of 8 rows hit 8 different 16-byte bank groups.
+  static constexpr int kBlockKSmem = kHeadDim % 64 == 0 ? 64 : 32;
+  static constexpr int kSwizzle = kBlockKSmem == 32 ? 2 : 3;
+  using SmemLayoutAtom = decltype(composition(
+      Swizzle<kSwizzle, 3, 3>{}, Layout<Shape<_8, Int<kBlockKSmem>>, Stride<Int<kBlockKSmem>, _1>>{}));
+  using SmemLayoutQ = decltype(tile_to_shape(SmemLayoutAtom{}, Shape<Int<kBlockM>, Int<kHeadDim>>{}));
+  using SmemLayoutKV = decltype(tile_to_shape(SmemLayoutAtom{}, Shape<Int<kBlockN>, Int<kHeadDim>>{}));
+  // V seen as (head_dim, keys) for the P.V product, read with ldmatrix.trans.
+  using SmemLayoutVt = decltype(composition(
+      SmemLayoutKV{}, make_layout(Shape<Int<kHeadDim>, Int<kBlockN>>{}, GenRowMajor{})));
+  using SmemLayoutVtNoSwizzle = decltype(get_nonswizzle_portion(SmemLayoutVt{}));
+  using SmemLayoutO = SmemLayoutQ;  // the output is staged where Q was
+
+  static constexpr int kSmemSize =
+      (size(SmemLayoutQ{}) + 2 * size(SmemLayoutKV{})) * int(sizeof(Element));
+
+  // Global -> shared: 16-byte cp.async per thread, threads laid along rows.
+  static constexpr int kGmemElemsPerLoad = int(sizeof(uint128_t) / sizeof(Element));
+  static constexpr int kGmemThreadsPerRow = kBlockKSmem / kGmemElemsPerLoad;
+  using GmemLayoutAtom = Layout<Shape<Int<kNThreads / kGmemThreadsPerRow>, Int<kGmemThreadsPerRow>>,
+                                Stride<Int<kGmemThreadsPerRow>, _1>>;
+  static_assert(kBlockN % (kNThreads / kGmemThreadsPerRow) == 0, "K/V tile smaller than one copy pass");
+  using GmemTiledCopyQKV = decltype(make_tiled_copy(
+      Copy_Atom<SM80_CP_ASYNC_CACHEGLOBAL<uint128_t>, Element>{}, GmemLayoutAtom{}, Layout<Shape<_1, _8>>{}));
+  // Shared -> global for the output: 16-byte stores.
+  using GmemTiledCopyO = decltype(make_tiled_copy(
+      Copy_Atom<UniversalCopy<uint128_t>, Element>{}, GmemLayoutAtom{}, Layout<Shape<_1, _8>>{}));
+
+  // Shared -> registers.
+  using SmemCopyAtom = Copy_Atom<SM75_U32x4_LDSM_N, Element>;
+  using SmemCopyAtomTransposed = Copy_Atom<SM75_U16x8_LDSM_T, Element>;
+  using SmemCopyAtomO = Copy_Atom<AutoVectorizingCopyWithAssumedAlignment<128>, Element>;
+};
+
+}  // namespace flashattn

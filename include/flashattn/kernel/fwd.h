@@ -1,0 +1,195 @@
+// The FlashAttention-2 forward pass, written once for every kernel family.
+// One CTA computes kBlockM query rows of one (batch, head): it walks the key
+// blocks it can see, from the last to the first, keeping an online softmax.
+// Loads overlap compute: V[n] arrives while S = Q.K[n]^T is computed, and
+// K[n-1] while the softmax and O += P.V[n] run.
+#pragma once
+
+#include <cute/tensor.hpp>
+
+#include "flashattn/kernel/mask.h"
+#include "flashattn/kernel/softmax.h"
+#include "flashattn/kernel/utils.h"
+#include "flashattn/params.h"
+
+namespace flashattn {
+
+using namespace cute;
+
+// Which (query block, head, batch) a CTA computes. A 1-D grid has no 65535
+// limit on heads or batch; the heaviest causal query blocks start first.
+struct FwdTileIndex {
+  int m_block, head, batch;
+  __device__ FwdTileIndex(int num_m_blocks, int heads, bool reverse_m) {
+    const int64_t bid = blockIdx.x;
+    const int m = int(bid % num_m_blocks);
+    const int64_t bh = bid / num_m_blocks;
+    m_block = reverse_m ? num_m_blocks - 1 - m : m;
+    head = int(bh % heads);
+    batch = int(bh / heads);
+  }
+};
+
+template <typename Traits>
+__global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(const FwdParams params) {
+  using Element = typename Traits::Element;
+  constexpr int kBlockM = Traits::kBlockM;
+  constexpr int kBlockN = Traits::kBlockN;
+  constexpr int kHeadDim = Traits::kHeadDim;
+
+  extern __shared__ __align__(128) char smem[];
+  const int tidx = threadIdx.x;
+  const int num_m_blocks = (params.seqlen_q + kBlockM - 1) / kBlockM;
+  const FwdTileIndex tile(num_m_blocks, params.heads, params.window_right >= 0);
+  const int m0 = tile.m_block * kBlockM;
+  const int head_k = tile.head / (params.heads / params.heads_k);
+  const AttentionMask mask(params);
+
+  // Global tensors of this (batch, head): (seqlen, head_dim), 64-bit strides.
+  auto gmem = [](const void* base, index_t batch_off, index_t head_off, int rows, index_t row_stride) {
+    return make_tensor(make_gmem_ptr(static_cast<const Element*>(base) + batch_off + head_off),
+                       make_layout(make_shape(rows, Int<kHeadDim>{}), make_stride(row_stride, _1{})));
+  };
+  Tensor mQ = gmem(params.q, tile.batch * params.q_batch_stride, tile.head * params.q_head_stride,
+                   params.seqlen_q, params.q_row_stride);
+  Tensor mK = gmem(params.k, tile.batch * params.k_batch_stride, head_k * params.k_head_stride,
+                   params.seqlen_k, params.k_row_stride);
+  Tensor mV = gmem(params.v, tile.batch * params.v_batch_stride, head_k * params.v_head_stride,
+                   params.seqlen_k, params.v_row_stride);
+  Tensor mO = make_tensor(
+      make_gmem_ptr(static_cast<Element*>(params.out) + tile.batch * params.out_batch_stride +
+                    tile.head * params.out_head_stride),
+      make_layout(make_shape(params.seqlen_q, Int<kHeadDim>{}), make_stride(params.out_row_stride, _1{})));
+  Tensor gQ = local_tile(mQ, Shape<Int<kBlockM>, Int<kHeadDim>>{}, make_coord(tile.m_block, 0));
+  Tensor gO = local_tile(mO, Shape<Int<kBlockM>, Int<kHeadDim>>{}, make_coord(tile.m_block, 0));
+  Tensor gK = local_tile(mK, Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(_, 0));  // (N, D, n)
+  Tensor gV = local_tile(mV, Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(_, 0));
+  float* lse_row0 = params.softmax_lse + (int64_t(tile.batch) * params.heads + tile.head) * params.seqlen_q;
+
+  Tensor sQ = make_tensor(make_smem_ptr(reinterpret_cast<Element*>(smem)), typename Traits::SmemLayoutQ{});
+  Tensor sK = make_tensor(sQ.data() + size(sQ), typename Traits::SmemLayoutKV{});
+  Tensor sV = make_tensor(sK.data() + size(sK), typename Traits::SmemLayoutKV{});
+  Tensor sVt = make_tensor(sV.data(), typename Traits::SmemLayoutVt{});
+  Tensor sVtNoSwizzle = make_tensor(sV.data().get(), typename Traits::SmemLayoutVtNoSwizzle{});
+  Tensor sO = make_tensor(sQ.data(), typename Traits::SmemLayoutO{});
+
+  // Global <-> shared partitions and their predicates: the head dim inside
+  // its bucket (columns) and the sequence tails (rows).
+  typename Traits::GmemTiledCopyQKV gmem_copy;
+  auto gmem_thr = gmem_copy.get_thread_slice(tidx);
+  Tensor tQgQ = gmem_thr.partition_S(gQ);
+  Tensor tQsQ = gmem_thr.partition_D(sQ);
+  Tensor tKgK = gmem_thr.partition_S(gK);  // (CPY, CPY_N, CPY_D, n)
+  Tensor tKsK = gmem_thr.partition_D(sK);
+  Tensor tVgV = gmem_thr.partition_S(gV);
+  Tensor tVsV = gmem_thr.partition_D(sV);
+  Tensor tQcQ = gmem_thr.partition_S(make_identity_tensor(Shape<Int<kBlockM>, Int<kHeadDim>>{}));
+  Tensor tKcK = gmem_thr.partition_S(make_identity_tensor(Shape<Int<kBlockN>, Int<kHeadDim>>{}));
+  Tensor tQpQ = make_tensor<bool>(make_shape(size<2>(tQsQ)));
+  Tensor tKpK = make_tensor<bool>(make_shape(size<2>(tKsK)));
+  CUTE_UNROLL
+  for (int k = 0; k < size(tQpQ); ++k) tQpQ(k) = get<1>(tQcQ(0, 0, k)) < params.head_dim;
+  CUTE_UNROLL
+  for (int k = 0; k < size(tKpK); ++k) tKpK(k) = get<1>(tKcK(0, 0, k)) < params.head_dim;
+
+  typename Traits::GmemTiledCopyO gmem_copy_o;
+  auto gmem_thr_o = gmem_copy_o.get_thread_slice(tidx);
+  Tensor tOsO = gmem_thr_o.partition_S(sO);
+  Tensor tOgO = gmem_thr_o.partition_D(gO);
+  const int rows_left_q = params.seqlen_q - m0;
+
+  // Accumulator coordinates and rows, for the lse and the masks.
+  typename Traits::TiledMma tiled_mma;
+  auto thr_mma = tiled_mma.get_thread_slice(tidx);
+  Tensor acc_o = partition_fragment_C(tiled_mma, Shape<Int<kBlockM>, Int<kHeadDim>>{});
+  Tensor acc_o_rc = make_tensor(acc_o.data(), Traits::rowcol(acc_o.layout()));
+  Tensor tOcO = thr_mma.partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kHeadDim>>{}));
+  Tensor tOcO_rc = make_tensor(tOcO.data(), Traits::rowcol(tOcO.layout()));
+  constexpr int kRows = decltype(size<0>(acc_o_rc))::value;
+  float lse[kRows];
+
+  int n_begin, n_end;
+  mask.key_block_range(m0, kBlockM, kBlockN, n_begin, n_end);
+
+  if (n_end > n_begin) {
+    // Q and the last visible K block.
+    copy_tile(gmem_copy, tQgQ, tQsQ, tQcQ, tQpQ, rows_left_q);
+    int n_block = n_end - 1;
+    copy_tile(gmem_copy, tKgK(_, _, _, n_block), tKsK, tKcK, tKpK, params.seqlen_k - n_block * kBlockN);
+    cp_async_fence();
+
+    // Shared -> register partitions for S = Q K^T and O += P V.
+    Tensor tSrQ = thr_mma.partition_fragment_A(sQ);
+    Tensor tSrK = thr_mma.partition_fragment_B(sK);
+    Tensor tOrVt = thr_mma.partition_fragment_B(sVtNoSwizzle);
+    auto smem_copy_q = make_tiled_copy_A(typename Traits::SmemCopyAtom{}, tiled_mma);
+    auto smem_copy_k = make_tiled_copy_B(typename Traits::SmemCopyAtom{}, tiled_mma);
+    auto smem_copy_v = make_tiled_copy_B(typename Traits::SmemCopyAtomTransposed{}, tiled_mma);
+    Tensor tSsQ = smem_copy_q.get_thread_slice(tidx).partition_S(sQ);
+    Tensor tSsK = smem_copy_k.get_thread_slice(tidx).partition_S(sK);
+    Tensor tOsVt = smem_copy_v.get_thread_slice(tidx).partition_S(sVt);
+    Tensor cS = make_identity_tensor(Shape<Int<kBlockM>, Int<kBlockN>>{});
+    Tensor tScS = thr_mma.partition_C(cS);
+    Tensor tScS0 = tiled_mma.get_thread_slice(0).partition_C(cS);
+
+    clear(acc_o);
+    OnlineSoftmax<kRows, Traits::kRowShuffleMask> softmax;
+
+    for (; n_block >= n_begin; --n_block) {
+      const int n0 = n_block * kBlockN;
+      Tensor acc_s = partition_fragment_C(tiled_mma, Shape<Int<kBlockM>, Int<kBlockN>>{});
+      clear(acc_s);
+      cp_async_wait<0>();
+      __syncthreads();  // K[n] (and Q) landed; everyone is done with V[n+1]
+      copy_tile(gmem_copy, tVgV(_, _, _, n_block), tVsV, tKcK, tKpK, params.seqlen_k - n0);
+      cp_async_fence();
+
+      gemm_smem_smem(acc_s, tSrQ, tSrK, tSsQ, tSsK, tiled_mma, smem_copy_q, smem_copy_k);
+      if (mask.tile_needs_mask(m0, kBlockM, n0, kBlockN)) mask.apply(acc_s, tScS, tScS0, m0, n0);
+
+      cp_async_wait<0>();
+      __syncthreads();  // V[n] landed; everyone is done with K[n]
+      if (n_block > n_begin) {
+        copy_tile(gmem_copy, tKgK(_, _, _, n_block - 1), tKsK, tKcK, tKpK, params.seqlen_k - n0 + kBlockN);
+        cp_async_fence();
+      }
+
+      Tensor acc_s_rc = make_tensor(acc_s.data(), Traits::rowcol(acc_s.layout()));
+      softmax.update(acc_s_rc, acc_o_rc, params.softmax_scale_log2);
+
+      Tensor rP = convert_fragment<Element>(acc_s);
+      Tensor tOrP = make_tensor(rP.data(), Traits::c_to_a(rP.layout()));
+      gemm_reg_smem(acc_o, tOrP, tOrVt, tOsVt, tiled_mma, smem_copy_v);
+    }
+    softmax.finalize(acc_o_rc, params.softmax_scale, lse);
+  } else {
+    // No key is visible to any row of this block: output 0, lse +inf.
+    clear(acc_o);
+    CUTE_UNROLL
+    for (int r = 0; r < kRows; ++r) lse[r] = INFINITY;
+  }
+
+  // Epilogue: O through shared memory (where Q was) for 16-byte global stores.
+  Tensor rO = convert_fragment<Element>(acc_o);
+  auto smem_copy_o = make_tiled_copy_C(typename Traits::SmemCopyAtomO{}, tiled_mma);
+  Tensor taccOrO = make_tensor(rO.data(), smem_copy_o.retile(rO.layout()));
+  Tensor taccOsO = smem_copy_o.get_thread_slice(tidx).partition_D(sO);
+  __syncthreads();  // every warp is done reading Q from shared memory
+  copy(smem_copy_o, taccOrO, taccOsO);
+
+  // lse: the lane holding column 0 of a row writes it.
+  if (get<1>(tOcO_rc(0, 0)) == 0) {
+    CUTE_UNROLL
+    for (int r = 0; r < kRows; ++r) {
+      const int row = m0 + get<0>(tOcO_rc(r, 0));
+      if (row < params.seqlen_q) lse_row0[row] = lse[r];
+    }
+  }
+
+  __syncthreads();
+  Tensor tOrO = make_tensor<Element>(shape(tOgO));
+  copy(gmem_copy_o, tOsO, tOrO);
+  store_tile(gmem_copy_o, tOrO, tOgO, tQcQ, tQpQ, rows_left_q);
+}
+
+}  // namespace flashattn

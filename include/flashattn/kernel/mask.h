@@ -1,0 +1,67 @@
+// Which keys a query row may see: bottom-right aligned causal / sliding-window
+// masks and the sequence tail. Written against tile coordinates, so it holds
+// for every family's accumulator layout.
+#pragma once
+
+#include <cute/tensor.hpp>
+
+#include "flashattn/params.h"
+
+namespace flashattn {
+
+struct AttentionMask {
+  int seqlen_q, seqlen_k;
+  int window_left, window_right;  // -1: unbounded
+  int64_t diag_offset;            // s_k - s_q: row i's diagonal is column i + s_k - s_q
+
+  __device__ explicit AttentionMask(const FwdParams& p)
+      : seqlen_q(p.seqlen_q), seqlen_k(p.seqlen_k), window_left(p.window_left),
+        window_right(p.window_right), diag_offset(int64_t(p.seqlen_k) - p.seqlen_q) {}
+
+  // Key blocks [n_begin, n_end) that rows [m0, m0 + block_m) can see.
+  __device__ void key_block_range(int m0, int block_m, int block_n, int& n_begin, int& n_end) const {
+    const int64_t last_row = min(int64_t(m0) + block_m, int64_t(seqlen_q)) - 1;
+    int64_t col_end = seqlen_k;
+    if (window_right >= 0) col_end = min(col_end, last_row + diag_offset + window_right + 1);
+    int64_t col_begin = 0;
+    if (window_left >= 0) col_begin = max(col_begin, int64_t(m0) + diag_offset - window_left);
+    n_end = col_end <= 0 ? 0 : int((col_end + block_n - 1) / block_n);
+    n_begin = int(col_begin / block_n);
+  }
+
+  // True when some element of the tile (rows m0.., columns n0..) is masked.
+  __device__ bool tile_needs_mask(int m0, int block_m, int n0, int block_n) const {
+    if (n0 + block_n > seqlen_k) return true;
+    if (window_right >= 0 && int64_t(n0) + block_n - 1 > int64_t(m0) + diag_offset + window_right) return true;
+    if (window_left >= 0 && int64_t(n0) < int64_t(m0) + block_m - 1 + diag_offset - window_left) return true;
+    return false;
+  }
+
+  // Sets masked scores of the fragment to -inf. `coords` maps each fragment
+  // element to its (row, column) inside the tile, `coords0` the same for
+  // thread 0. Layouts are linear, so an element's coordinate is this thread's
+  // base plus thread 0's (compile-time) coordinate: comparing compile-time
+  // offsets with per-tile scalars keeps the compiler from hoisting one
+  // register per element out of the key loop.
+  template <typename Fragment, typename Coords, typename Coords0>
+  __device__ void apply(Fragment& scores, const Coords& coords, const Coords0& coords0, int m0, int n0) const {
+    constexpr int kUnbounded = 1 << 30;
+    const int row_base = m0 + int(cute::get<0>(coords(0)));
+    const int col_base = n0 + int(cute::get<1>(coords(0)));
+    auto clamp = [](int64_t x) { return int(max(int64_t(-kUnbounded), min(int64_t(kUnbounded), x))); };
+    // Element (r, c) of thread 0's pattern is visible iff c < cols_end and
+    // lo <= c - r <= hi.
+    const int cols_end = clamp(int64_t(seqlen_k) - col_base);
+    const int64_t diag = int64_t(row_base) + diag_offset - col_base;
+    const int hi = window_right >= 0 ? clamp(diag + window_right) : kUnbounded;
+    const int lo = window_left >= 0 ? clamp(diag - window_left) : -kUnbounded;
+    CUTE_UNROLL
+    for (int i = 0; i < cute::size(scores); ++i) {
+      const int r = int(cute::get<0>(coords0(i)));
+      const int c = int(cute::get<1>(coords0(i)));
+      if (c >= cols_end || c - r > hi || c - r < lo) scores(i) = -INFINITY;
+    }
+  }
+};
+
+}  // namespace flashattn

@@ -1,0 +1,108 @@
+// Small device helpers shared by every kernel family: tile GEMMs with
+// shared->register pipelining, predicated tile copies, lane reductions.
+#pragma once
+
+#include <cute/tensor.hpp>
+#include <cutlass/array.h>
+#include <cutlass/numeric_conversion.h>
+
+namespace flashattn {
+
+using namespace cute;
+
+// acc += A . B^T with both operands in shared memory. The next k-slice is read
+// from shared memory while the tensor cores work on the current one.
+template <typename Acc, typename RegA, typename RegB, typename SmemA, typename SmemB, typename TiledMma,
+          typename CopyA, typename CopyB>
+__device__ __forceinline__ void gemm_smem_smem(Acc& acc, RegA& rA, RegB& rB, const SmemA& sA,
+                                               const SmemB& sB, TiledMma tiled_mma, CopyA copy_a,
+                                               CopyB copy_b) {
+  auto rA_view = make_tensor(rA.data(), copy_a.retile(rA.layout()));
+  auto rB_view = make_tensor(rB.data(), copy_b.retile(rB.layout()));
+  copy(copy_a, sA(_, _, _0{}), rA_view(_, _, _0{}));
+  copy(copy_b, sB(_, _, _0{}), rB_view(_, _, _0{}));
+  CUTE_UNROLL
+  for (int k = 0; k < size<2>(rA); ++k) {
+    if (k + 1 < size<2>(rA)) {
+      copy(copy_a, sA(_, _, k + 1), rA_view(_, _, k + 1));
+      copy(copy_b, sB(_, _, k + 1), rB_view(_, _, k + 1));
+    }
+    cute::gemm(tiled_mma, rA(_, _, k), rB(_, _, k), acc);
+  }
+}
+
+// acc += A . B^T with A already in registers (the probabilities P).
+template <typename Acc, typename RegA, typename RegB, typename SmemB, typename TiledMma, typename CopyB>
+__device__ __forceinline__ void gemm_reg_smem(Acc& acc, const RegA& rA, RegB& rB, const SmemB& sB,
+                                              TiledMma tiled_mma, CopyB copy_b) {
+  auto rB_view = make_tensor(rB.data(), copy_b.retile(rB.layout()));
+  copy(copy_b, sB(_, _, _0{}), rB_view(_, _, _0{}));
+  CUTE_UNROLL
+  for (int k = 0; k < size<2>(rA); ++k) {
+    if (k + 1 < size<2>(rA)) copy(copy_b, sB(_, _, k + 1), rB_view(_, _, k + 1));
+    cute::gemm(tiled_mma, rA(_, _, k), rB(_, _, k), acc);
+  }
+}
+
+// Global -> shared copy of one tile, partitioned (CPY, CPY_ROWS, CPY_COLS).
+// Rows at or past `rows_left` and columns whose predicate is false are zeroed
+// in shared memory instead: nothing outside the tensor is read, and padding
+// contributes exact zeros to the products.
+template <typename TiledCopy, typename Src, typename Dst, typename Coords, typename ColPred>
+__device__ __forceinline__ void copy_tile(TiledCopy tiled_copy, const Src& src, Dst& dst,
+                                          const Coords& coords, const ColPred& col_ok, int rows_left) {
+  CUTE_UNROLL
+  for (int m = 0; m < size<1>(src); ++m) {
+    if (get<0>(coords(0, m, 0)) < rows_left) {
+      CUTE_UNROLL
+      for (int k = 0; k < size<2>(src); ++k) {
+        if (col_ok(k)) {
+          copy(tiled_copy, src(_, m, k), dst(_, m, k));
+        } else {
+          clear(dst(_, m, k));
+        }
+      }
+    } else {
+      clear(dst(_, m, _));
+    }
+  }
+}
+
+// Registers -> global store of one tile; rows/columns outside are skipped.
+template <typename TiledCopy, typename Src, typename Dst, typename Coords, typename ColPred>
+__device__ __forceinline__ void store_tile(TiledCopy tiled_copy, const Src& src, Dst& dst,
+                                           const Coords& coords, const ColPred& col_ok, int rows_left) {
+  CUTE_UNROLL
+  for (int m = 0; m < size<1>(src); ++m) {
+    if (get<0>(coords(0, m, 0)) < rows_left) {
+      CUTE_UNROLL
+      for (int k = 0; k < size<2>(src); ++k) {
+        if (col_ok(k)) copy(tiled_copy, src(_, m, k), dst(_, m, k));
+      }
+    }
+  }
+}
+
+// Reduce over the lanes named by the set bits of kMask (xor-shuffles).
+template <unsigned kMask, typename Op>
+__device__ __forceinline__ float lane_allreduce(float x, Op op) {
+  CUTE_UNROLL
+  for (unsigned bit = 1; bit < 32; bit <<= 1) {
+    if (kMask & bit) x = op(x, __shfl_xor_sync(0xffffffffu, x, bit));
+  }
+  return x;
+}
+
+// Type conversion of a whole register fragment (packed cvt instructions).
+template <typename To, typename Fragment>
+__device__ __forceinline__ auto convert_fragment(const Fragment& src) {
+  using From = typename Fragment::value_type;
+  constexpr int N = decltype(size(src))::value;
+  auto dst = make_tensor_like<To>(src);
+  cutlass::NumericArrayConverter<To, From, N> convert;
+  *reinterpret_cast<cutlass::Array<To, N>*>(dst.data()) =
+      convert(*reinterpret_cast<const cutlass::Array<From, N>*>(src.data()));
+  return dst;
+}
+
+}  // namespace flashattn
