@@ -1,0 +1,313 @@
+"""Argument checks shared by the public API, the CPU op kernels and the fake kernels.
+
+Every check reads only metadata (shape, stride, dtype, device), never tensor data,
+so the same functions serve fake tensors under torch.compile. Every error is a
+``FlashAttnError`` (a ``RuntimeError``, like the errors of flash_attn and of the
+compiled kernels) whose text says what is wrong and how to fix it.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+MAX_HEAD_DIM = 256
+HEAD_DIM_MULTIPLE = 8
+FAMILIES = (70, 75, 80)
+
+_DIM_NAMES = ("batch", "seqlen", "heads", "head_dim")
+_CUDA_DTYPES = (torch.float16, torch.bfloat16)
+# The CPU path (the pure-PyTorch reference) also takes fp32/fp64, for gradcheck.
+_CPU_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+class FlashAttnError(RuntimeError):
+    """An input or environment flashattn cannot run; the message says how to fix it."""
+
+
+def _fail(msg: str) -> None:
+    raise FlashAttnError(f"flashattn: {msg}")
+
+
+def _shape(t: torch.Tensor) -> str:
+    return str(tuple(t.shape))
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype)  # "torch.float16"
+
+
+def _check_tensor(name: str, t) -> None:
+    if not isinstance(t, torch.Tensor):
+        _fail(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+
+
+def _check_qkv_like(name: str, t: torch.Tensor) -> None:
+    """Rank 4, no empty dim, last dim contiguous."""
+    _check_tensor(name, t)
+    if t.dim() != 4:
+        _fail(
+            f"{name} must be 4-D (batch, seqlen, heads, head_dim), got shape {_shape(t)}"
+            " — for packed inputs use flash_attn_qkvpacked_func / flash_attn_kvpacked_func"
+        )
+    for dim, size in enumerate(t.shape):
+        if size == 0:
+            _fail(
+                f"{name} has size 0 in dim {dim} ({_DIM_NAMES[dim]}), shape {_shape(t)};"
+                " flashattn needs non-empty inputs — skip the call for empty batches"
+            )
+    if t.stride(-1) != 1:
+        _fail(
+            f"{name}'s last dim is not contiguous (stride(-1) = {t.stride(-1)}) — call"
+            f" {name}.contiguous() or pass a tensor whose last dim is contiguous"
+        )
+
+
+def _check_dtype(name: str, t: torch.Tensor) -> None:
+    allowed = _CUDA_DTYPES if t.device.type == "cuda" else _CPU_DTYPES
+    if t.dtype in allowed:
+        return
+    if t.device.type == "cuda" and t.dtype.is_floating_point:
+        _fail(
+            f"{name} has dtype {_dtype_name(t.dtype)}; the CUDA kernels take torch.float16"
+            f" or torch.bfloat16 — cast with {name}.half() or {name}.bfloat16()"
+        )
+    names = ", ".join(_dtype_name(d) for d in allowed)
+    _fail(
+        f"{name} has dtype {_dtype_name(t.dtype)}; on {t.device.type} flashattn takes {names}"
+        f" — cast with {name}.float() or {name}.half()"
+    )
+
+
+def _check_same(name: str, t: torch.Tensor, ref_name: str, ref: torch.Tensor) -> None:
+    """Same device and dtype as ``ref``."""
+    if t.device != ref.device:
+        _fail(
+            f"{ref_name} is on {ref.device} but {name} is on {t.device}"
+            " — put all inputs on one device"
+        )
+    if t.dtype != ref.dtype:
+        _fail(
+            f"{ref_name} has dtype {_dtype_name(ref.dtype)} but {name} has"
+            f" {_dtype_name(t.dtype)} — give all inputs one dtype"
+        )
+
+
+def _check_like(name: str, t, ref_name: str, ref: torch.Tensor) -> None:
+    """A tensor with the shape, dtype and device of ``ref``, last dim contiguous."""
+    _check_tensor(name, t)
+    _check_same(name, t, ref_name, ref)
+    if t.shape != ref.shape:
+        _fail(f"{name} must have the shape of {ref_name} {_shape(ref)}, got {_shape(t)}")
+    if t.stride(-1) != 1:
+        _fail(
+            f"{name}'s last dim is not contiguous (stride(-1) = {t.stride(-1)}) — call"
+            f" {name}.contiguous() or pass a tensor whose last dim is contiguous"
+        )
+
+
+def check_fwd(
+    q,
+    k,
+    v,
+    *,
+    out=None,
+    alibi_slopes=None,
+    rng_state=None,
+    dropout_p: float = 0.0,
+    window_left: int = -1,
+    window_right: int = -1,
+    softcap: float = 0.0,
+    family: int = 0,
+    any_head_dim: bool = False,
+) -> None:
+    """Check forward inputs. ``any_head_dim``: the public API pads d to a multiple of 8."""
+    _check_qkv_like("q", q)
+    _check_dtype("q", q)
+    for name, t in (("k", k), ("v", v)):
+        _check_qkv_like(name, t)
+        _check_same(name, t, "q", q)
+    b, _, h, d = q.shape
+    if k.shape != v.shape:
+        _fail(
+            f"k and v must have one shape, got k {_shape(k)} and v {_shape(v)} — both are"
+            " (batch, seqlen_k, heads_k, head_dim)"
+        )
+    if k.shape[0] != b:
+        _fail(f"q has batch {b} but k/v have batch {k.shape[0]} — pass one batch size")
+    if k.shape[3] != d:
+        _fail(
+            f"q has head dim {d} but k/v have head dim {k.shape[3]} — q, k and v need one head dim"
+        )
+    h_k = k.shape[2]
+    if h % h_k != 0:
+        _fail(
+            f"{h} query heads are not a multiple of {h_k} key/value heads (GQA needs h % h_k == 0)"
+        )
+    if d > MAX_HEAD_DIM:
+        _fail(
+            f"head dim {d} is over the maximum of {MAX_HEAD_DIM}"
+            " — split the heads or use another attention for such head dims"
+        )
+    if not any_head_dim and d % HEAD_DIM_MULTIPLE != 0:
+        _fail(
+            f"head dim {d} is not a multiple of {HEAD_DIM_MULTIPLE} — pad q, k and v with"
+            " zeros (flash_attn_func does this for you)"
+        )
+    if out is not None:
+        _check_like("out", out, "q", q)
+    if alibi_slopes is not None:
+        _check_alibi(alibi_slopes, q)
+    _check_rng_state(rng_state, q, dropout_p)
+    _check_scalars(dropout_p, window_left, window_right, softcap)
+    _check_family(family, q)
+
+
+def check_packed(name: str, t, count: int, layout: str) -> None:
+    """A packed input: rank 5 with ``count`` tensors stacked in dim 2."""
+    _check_tensor(name, t)
+    if t.dim() != 5 or t.shape[2] != count:
+        _fail(f"{name} must be 5-D {layout}, got shape {_shape(t)}")
+
+
+def check_window_size(window_size) -> tuple:
+    if not isinstance(window_size, (tuple, list)) or len(window_size) != 2:
+        _fail(
+            f"window_size must be a pair (left, right) of ints >= -1, got {window_size!r}"
+            " — (-1, -1) turns local attention off"
+        )
+    return tuple(window_size)
+
+
+def check_bwd(
+    dout,
+    q,
+    k,
+    v,
+    out,
+    softmax_lse,
+    *,
+    dq=None,
+    dk=None,
+    dv=None,
+    alibi_slopes=None,
+    rng_state=None,
+    dropout_p: float = 0.0,
+    window_left: int = -1,
+    window_right: int = -1,
+    softcap: float = 0.0,
+    family: int = 0,
+) -> None:
+    """Check backward inputs: the forward's, plus dout/out/lse and optional dq/dk/dv."""
+    check_fwd(
+        q,
+        k,
+        v,
+        out=out,
+        alibi_slopes=alibi_slopes,
+        rng_state=rng_state,
+        dropout_p=dropout_p,
+        window_left=window_left,
+        window_right=window_right,
+        softcap=softcap,
+        family=family,
+    )
+    _check_like("dout", dout, "q", q)
+    _check_tensor("softmax_lse", softmax_lse)
+    b, s_q, h, _ = q.shape
+    if softmax_lse.dtype != torch.float32:
+        _fail(
+            f"softmax_lse has dtype {_dtype_name(softmax_lse.dtype)}; it must be"
+            " torch.float32 — pass the softmax_lse the forward returned"
+        )
+    if softmax_lse.device != q.device:
+        _fail(
+            f"q is on {q.device} but softmax_lse is on {softmax_lse.device}"
+            " — put all inputs on one device"
+        )
+    if tuple(softmax_lse.shape) != (b, h, s_q):
+        _fail(
+            f"softmax_lse must have shape (batch, heads, seqlen_q) = ({b}, {h}, {s_q}),"
+            f" got {_shape(softmax_lse)} — pass the softmax_lse the forward returned"
+        )
+    for name, t, ref_name, ref in (("dq", dq, "q", q), ("dk", dk, "k", k), ("dv", dv, "v", v)):
+        if t is not None:
+            _check_like(name, t, ref_name, ref)
+
+
+def _check_alibi(alibi_slopes, q: torch.Tensor) -> None:
+    _check_tensor("alibi_slopes", alibi_slopes)
+    b, _, h, _ = q.shape
+    if alibi_slopes.dtype != torch.float32:
+        _fail(
+            f"alibi_slopes has dtype {_dtype_name(alibi_slopes.dtype)}; it must be"
+            " torch.float32 — cast with alibi_slopes.float()"
+        )
+    if tuple(alibi_slopes.shape) not in ((h,), (b, h)):
+        _fail(
+            f"alibi_slopes must have shape (heads,) = ({h},) or (batch, heads) = ({b}, {h}),"
+            f" got {_shape(alibi_slopes)} — one slope per query head"
+        )
+    if alibi_slopes.device != q.device:
+        _fail(
+            f"q is on {q.device} but alibi_slopes is on {alibi_slopes.device}"
+            " — put all inputs on one device"
+        )
+    if alibi_slopes.stride(-1) != 1:
+        _fail("alibi_slopes' last dim is not contiguous — call alibi_slopes.contiguous()")
+
+
+def _check_rng_state(rng_state, q: torch.Tensor, dropout_p) -> None:
+    if rng_state is None:
+        if is_real(dropout_p) and dropout_p > 0:
+            _fail(
+                f"dropout_p = {dropout_p} needs rng_state, an int64 tensor [seed, offset]"
+                " — pass one (flash_attn_func draws it for you)"
+            )
+        return
+    _check_tensor("rng_state", rng_state)
+    if rng_state.dtype != torch.int64 or tuple(rng_state.shape) != (2,):
+        _fail(
+            f"rng_state must be an int64 tensor of shape (2,) holding [seed, offset], got"
+            f" {_dtype_name(rng_state.dtype)} of shape {_shape(rng_state)}"
+        )
+    if rng_state.device.type != "cpu" and rng_state.device != q.device:
+        _fail(
+            f"rng_state is on {rng_state.device}; it must be on the CPU or on q's device"
+            f" ({q.device})"
+        )
+
+
+# Symbolic scalars appear when torch.compile traces the fake kernels.
+def is_int(x) -> bool:
+    return isinstance(x, (int, torch.SymInt)) and not isinstance(x, bool)
+
+
+def is_real(x) -> bool:
+    return isinstance(x, (int, float, torch.SymInt, torch.SymFloat)) and not isinstance(x, bool)
+
+
+def _check_scalars(dropout_p, window_left, window_right, softcap) -> None:
+    if not is_real(dropout_p) or not 0.0 <= dropout_p < 1.0:
+        _fail(f"dropout_p must be a number in [0, 1), got {dropout_p!r} — 0.0 turns dropout off")
+    for name, w in (("window_left", window_left), ("window_right", window_right)):
+        if not is_int(w) or w < -1:
+            _fail(
+                f"{name} must be an int >= -1 (-1 means unbounded), got {w!r}"
+                " — window_size=(-1, -1) turns local attention off"
+            )
+    if not is_real(softcap) or not 0.0 <= softcap < math.inf:
+        _fail(f"softcap must be a finite number >= 0 (0 turns it off), got {softcap!r}")
+
+
+def _check_family(family, q: torch.Tensor) -> None:
+    if family == 0:
+        return
+    if not is_int(family) or family not in FAMILIES:
+        _fail(f"family must be 0 (pick by device) or one of {FAMILIES}, got {family!r}")
+    if q.device.type == "cpu":
+        _fail(
+            f"family={family} forces a CUDA kernel family, but the inputs are on the CPU"
+            " — pass family=0"
+        )

@@ -1,0 +1,222 @@
+"""The ``torch.ops.flashattn`` ops: schemas, the compiled CUDA kernels, CPU and fake kernels.
+
+The schemas are defined here (docs/ops.md is their contract) so that the ops, their
+CPU kernels (the pure-PyTorch reference) and their fake kernels exist even where the
+compiled extension is absent. The extension ``_C*.so``, loaded after the schemas,
+registers the CUDA kernels for them.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+from typing import NamedTuple
+
+import torch
+
+from . import reference
+from ._checks import check_bwd, check_fwd
+
+# Verbatim from docs/ops.md.
+SCHEMAS = (
+    (
+        "fwd(Tensor q, Tensor k, Tensor v, Tensor? alibi_slopes, Tensor? rng_state, "
+        "float dropout_p, float softmax_scale, bool causal, int window_left, "
+        "int window_right, float softcap, int family) -> (Tensor out, Tensor softmax_lse)"
+    ),
+    (
+        "fwd_out(Tensor q, Tensor k, Tensor v, Tensor(a!) out, Tensor? alibi_slopes, "
+        "Tensor? rng_state, float dropout_p, float softmax_scale, bool causal, "
+        "int window_left, int window_right, float softcap, int family) -> Tensor softmax_lse"
+    ),
+    (
+        "bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor softmax_lse, "
+        "Tensor? alibi_slopes, Tensor? rng_state, float dropout_p, float softmax_scale, "
+        "bool causal, int window_left, int window_right, float softcap, "
+        "bool deterministic, int family) -> (Tensor dq, Tensor dk, Tensor dv)"
+    ),
+    (
+        "bwd_out(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor softmax_lse, "
+        "Tensor(a!) dq, Tensor(b!) dk, Tensor(c!) dv, Tensor? alibi_slopes, "
+        "Tensor? rng_state, float dropout_p, float softmax_scale, bool causal, "
+        "int window_left, int window_right, float softcap, bool deterministic, "
+        "int family) -> ()"
+    ),
+)
+
+# Kept alive for the life of the process: dropping it would unregister the schemas.
+_lib = torch.library.Library("flashattn", "DEF")
+for _schema in SCHEMAS:
+    _lib.define(_schema)
+
+
+def _load_extension() -> tuple[bool, str | None]:
+    """Load ``_C*.so`` from beside this file. Never raises: the CPU path works without it."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    paths = sorted(glob.glob(os.path.join(here, "_C*.so")))
+    if not paths:
+        return False, f"no compiled extension (_C*.so) in {here}; only the CPU path is available"
+    try:
+        torch.ops.load_library(paths[0])
+    except Exception as e:  # noqa: BLE001 - any failure (missing symbol, wrong torch) is reported
+        return False, f"loading {paths[0]} failed: {type(e).__name__}: {e}"
+    return True, None
+
+
+EXTENSION_LOADED, EXTENSION_ERROR = _load_extension()
+
+
+class _Options(NamedTuple):
+    """The arguments all four ops share, in schema order (after the tensors)."""
+
+    alibi_slopes: torch.Tensor | None
+    rng_state: torch.Tensor | None
+    dropout_p: float
+    softmax_scale: float
+    causal: bool
+    window_left: int
+    window_right: int
+    softcap: float
+
+    @classmethod
+    def split(cls, args) -> tuple[_Options, int]:
+        """(options, family) from the args after the tensors; bwd's deterministic sits
+        between them and does not matter on the CPU."""
+        return cls(*args[: len(cls._fields)]), args[-1]
+
+    def check_kwargs(self, family: int) -> dict:
+        return {
+            "alibi_slopes": self.alibi_slopes,
+            "rng_state": self.rng_state,
+            "dropout_p": self.dropout_p,
+            "window_left": self.window_left,
+            "window_right": self.window_right,
+            "softcap": self.softcap,
+            "family": family,
+        }
+
+    def reference_kwargs(self) -> dict:
+        return {
+            "softmax_scale": self.softmax_scale,
+            "causal": self.causal,
+            "window_size": (self.window_left, self.window_right),
+            "softcap": self.softcap,
+            "alibi_slopes": self.alibi_slopes,
+            "dropout_p": self.dropout_p,
+            "rng_state": self.rng_state,
+        }
+
+
+# ---- fake kernels: shapes only; outputs contiguous, as the CUDA kernels allocate them
+
+
+def _new_lse(q: torch.Tensor) -> torch.Tensor:
+    b, s_q, h, _ = q.shape
+    return q.new_empty((b, h, s_q), dtype=torch.float32)
+
+
+@torch.library.register_fake("flashattn::fwd")
+def _fwd_fake(q, k, v, *args):
+    opts, family = _Options.split(args)
+    check_fwd(q, k, v, **opts.check_kwargs(family))
+    return q.new_empty(q.shape), _new_lse(q)
+
+
+@torch.library.register_fake("flashattn::fwd_out")
+def _fwd_out_fake(q, k, v, out, *args):
+    opts, family = _Options.split(args)
+    check_fwd(q, k, v, out=out, **opts.check_kwargs(family))
+    return _new_lse(q)
+
+
+@torch.library.register_fake("flashattn::bwd")
+def _bwd_fake(dout, q, k, v, out, softmax_lse, *args):
+    opts, family = _Options.split(args)
+    check_bwd(dout, q, k, v, out, softmax_lse, **opts.check_kwargs(family))
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+
+@torch.library.register_fake("flashattn::bwd_out")
+def _bwd_out_fake(dout, q, k, v, out, softmax_lse, dq, dk, dv, *args):
+    opts, family = _Options.split(args)
+    check_bwd(dout, q, k, v, out, softmax_lse, dq=dq, dk=dk, dv=dv, **opts.check_kwargs(family))
+
+
+# ---- CPU kernels: the pure-PyTorch reference, in fp32 (fp64 for fp64 inputs)
+
+
+def _reference_fwd(q, k, v, opts: _Options):
+    out, lse = reference.attention(q, k, v, **opts.reference_kwargs())
+    return out.contiguous(), lse.to(torch.float32).contiguous()
+
+
+def _reference_bwd(dout, q, k, v, out, softmax_lse, opts: _Options):
+    grads = reference.attention_bwd(dout, q, k, v, out, softmax_lse, **opts.reference_kwargs())
+    return tuple(g.contiguous() for g in grads)
+
+
+@torch.library.register_kernel("flashattn::fwd", "cpu")
+def _fwd_cpu(q, k, v, *args):
+    opts, family = _Options.split(args)
+    check_fwd(q, k, v, **opts.check_kwargs(family))
+    return _reference_fwd(q, k, v, opts)
+
+
+@torch.library.register_kernel("flashattn::fwd_out", "cpu")
+def _fwd_out_cpu(q, k, v, out, *args):
+    opts, family = _Options.split(args)
+    check_fwd(q, k, v, out=out, **opts.check_kwargs(family))
+    result, lse = _reference_fwd(q, k, v, opts)
+    out.copy_(result)
+    return lse
+
+
+@torch.library.register_kernel("flashattn::bwd", "cpu")
+def _bwd_cpu(dout, q, k, v, out, softmax_lse, *args):
+    opts, family = _Options.split(args)
+    check_bwd(dout, q, k, v, out, softmax_lse, **opts.check_kwargs(family))
+    return _reference_bwd(dout, q, k, v, out, softmax_lse, opts)
+
+
+@torch.library.register_kernel("flashattn::bwd_out", "cpu")
+def _bwd_out_cpu(dout, q, k, v, out, softmax_lse, dq, dk, dv, *args):
+    opts, family = _Options.split(args)
+    check_bwd(dout, q, k, v, out, softmax_lse, dq=dq, dk=dk, dv=dv, **opts.check_kwargs(family))
+    for dst, src in zip((dq, dk, dv), _reference_bwd(dout, q, k, v, out, softmax_lse, opts)):
+        dst.copy_(src)
+
+
+# ---- autograd
+
+
+def attention_backward(dout, saved, args, deterministic: bool):
+    """Gradients (dq, dk, dv) through ``flashattn.bwd``.
+
+    saved: (q, k, v, out, softmax_lse, alibi_slopes, rng_state) from the forward;
+    args: the forward's scalars (dropout_p, softmax_scale, causal, window_left,
+    window_right, softcap, family). Shared by the op's autograd and the public API's.
+    """
+    if dout.stride(-1) != 1:  # the kernels need a contiguous last dim
+        dout = dout.contiguous()
+    q, k, v, out, lse, alibi_slopes, rng_state = saved
+    *scalars, family = args
+    return torch.ops.flashattn.bwd(
+        dout, q, k, v, out, lse, alibi_slopes, rng_state, *scalars, deterministic, family
+    )
+
+
+def _fwd_setup_context(ctx, inputs, output):
+    q, k, v, alibi_slopes, rng_state, *args = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse, alibi_slopes, rng_state)
+    ctx.args = args
+    ctx.mark_non_differentiable(lse)
+
+
+def _fwd_backward(ctx, dout, _dlse):
+    # The raw op has no deterministic flag; flash_attn_func passes its own (interface.py).
+    dq, dk, dv = attention_backward(dout, ctx.saved_tensors, ctx.args, deterministic=False)
+    return (dq, dk, dv) + (None,) * 9
+
+
+torch.library.register_autograd("flashattn::fwd", _fwd_backward, setup_context=_fwd_setup_context)

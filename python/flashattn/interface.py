@@ -1,0 +1,226 @@
+"""The public functions: drop-in replacements for those of the flash_attn 2.x package."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from . import _dispatch, _ops
+from ._checks import (
+    HEAD_DIM_MULTIPLE,
+    check_fwd,
+    check_packed,
+    check_window_size,
+    is_real,
+)
+
+__all__ = ["flash_attn_func", "flash_attn_kvpacked_func", "flash_attn_qkvpacked_func"]
+
+
+class _FlashAttnFunction(torch.autograd.Function):
+    """``flashattn.fwd`` forward, ``flashattn.bwd`` backward, with ``deterministic``.
+
+    Why not the autograd registered on the op (in _ops.py): the fwd schema of
+    docs/ops.md has no ``deterministic`` argument, so the op's own backward cannot
+    know it. Here it is a Python constant kept on ctx. Dynamo traces an
+    autograd.Function, forward and backward, into the graph, so
+    torch.compile(fullgraph=True) sees no break; inside ``forward`` grad mode is off,
+    so the op's own autograd does not run as well.
+    """
+
+    @staticmethod
+    def forward(q, k, v, alibi_slopes, rng_state, *args):
+        # args: dropout_p .. softcap of the op, then deterministic, family
+        *scalars, _deterministic, family = args
+        return torch.ops.flashattn.fwd(q, k, v, alibi_slopes, rng_state, *scalars, family)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        q, k, v, alibi_slopes, rng_state, *scalars, deterministic, family = inputs
+        out, lse = output
+        ctx.save_for_backward(q, k, v, out, lse, alibi_slopes, rng_state)
+        ctx.args = (*scalars, family)
+        ctx.deterministic = deterministic
+        ctx.mark_non_differentiable(lse)
+
+    @staticmethod
+    def backward(ctx, dout, _dlse):
+        dq, dk, dv = _ops.attention_backward(dout, ctx.saved_tensors, ctx.args, ctx.deterministic)
+        return (dq, dk, dv) + (None,) * 10
+
+
+def _attention(
+    q,
+    k,
+    v,
+    dropout_p,
+    softmax_scale,
+    causal,
+    window_size,
+    softcap,
+    alibi_slopes,
+    deterministic,
+    return_attn_probs,
+    family,
+):
+    window_left, window_right = check_window_size(window_size)
+    # The op wants [seed, offset]; drawn with torch ops so that torch.compile traces it.
+    rng_state = None
+    if is_real(dropout_p) and dropout_p > 0:
+        rng_state = torch.randint(0, 2**62, (2,), dtype=torch.int64)
+    check_fwd(
+        q,
+        k,
+        v,
+        alibi_slopes=alibi_slopes,
+        rng_state=rng_state,
+        dropout_p=dropout_p,
+        window_left=window_left,
+        window_right=window_right,
+        softcap=softcap,
+        any_head_dim=True,
+    )
+    head_dim = q.shape[-1]
+    if softmax_scale is None:
+        softmax_scale = 1.0 / math.sqrt(head_dim)
+    # The kernels take head dims that are multiples of 8: zero-pad (zeros add nothing
+    # to q.k and produce output columns we slice off; autograd undoes both).
+    pad = -head_dim % HEAD_DIM_MULTIPLE
+    if q.device.type == "cuda":
+        family, head_dims = _dispatch.cuda_family_and_head_dims(q.device, q.dtype, family)
+        _dispatch.head_dim_bucket(head_dim + pad, head_dims)
+    else:
+        _dispatch.parse_family(family)  # only validated: the CPU path has one implementation
+        family = 0
+    if pad:
+        q, k, v = (F.pad(t, (0, pad)) for t in (q, k, v))
+    out, lse = _FlashAttnFunction.apply(
+        q,
+        k,
+        v,
+        alibi_slopes,
+        rng_state,
+        float(dropout_p),
+        float(softmax_scale),
+        bool(causal),
+        window_left,
+        window_right,
+        float(softcap),
+        bool(deterministic),
+        family,
+    )
+    if pad:
+        out = out[..., :head_dim]
+    return (out, lse, None) if return_attn_probs else out
+
+
+def flash_attn_func(
+    q,
+    k,
+    v,
+    dropout_p=0.0,
+    softmax_scale=None,
+    causal=False,
+    window_size=(-1, -1),
+    softcap=0.0,
+    alibi_slopes=None,
+    deterministic=False,
+    return_attn_probs=False,
+    *,
+    family=None,
+):
+    """Exact attention, as ``flash_attn.flash_attn_func``.
+
+    q (b, s_q, h, d), k/v (b, s_k, h_k, d) with h % h_k == 0, d <= 256; fp16/bf16 on
+    CUDA (fp16/bf16/fp32/fp64 on CPU, through the pure-PyTorch reference).
+    softmax_scale defaults to 1/sqrt(d). causal and window_size masks are aligned to
+    the bottom-right; a query row that sees no key gives 0. softcap > 0 caps scores
+    with softcap * tanh(s / softcap). alibi_slopes fp32 (h) or (b, h).
+    deterministic asks for a deterministic backward. ``family`` (keyword only, not in
+    flash_attn) forces a kernel family: "sm70", "sm75", "sm80" (or 70/75/80); the
+    environment variable FLASHATTN_FAMILY does the same.
+
+    Returns out (b, s_q, h, d), or (out, softmax_lse (b, h, s_q) fp32, None) with
+    return_attn_probs (attention probabilities are never materialised).
+    """
+    return _attention(
+        q,
+        k,
+        v,
+        dropout_p,
+        softmax_scale,
+        causal,
+        window_size,
+        softcap,
+        alibi_slopes,
+        deterministic,
+        return_attn_probs,
+        family,
+    )
+
+
+def flash_attn_qkvpacked_func(
+    qkv,
+    dropout_p=0.0,
+    softmax_scale=None,
+    causal=False,
+    window_size=(-1, -1),
+    softcap=0.0,
+    alibi_slopes=None,
+    deterministic=False,
+    return_attn_probs=False,
+    *,
+    family=None,
+):
+    """flash_attn_func on qkv (b, s, 3, h, d); q, k and v are views of it, not copies."""
+    check_packed("qkv", qkv, 3, "(batch, seqlen, 3, heads, head_dim)")
+    q, k, v = qkv.unbind(2)
+    return _attention(
+        q,
+        k,
+        v,
+        dropout_p,
+        softmax_scale,
+        causal,
+        window_size,
+        softcap,
+        alibi_slopes,
+        deterministic,
+        return_attn_probs,
+        family,
+    )
+
+
+def flash_attn_kvpacked_func(
+    q,
+    kv,
+    dropout_p=0.0,
+    softmax_scale=None,
+    causal=False,
+    window_size=(-1, -1),
+    softcap=0.0,
+    alibi_slopes=None,
+    deterministic=False,
+    return_attn_probs=False,
+    *,
+    family=None,
+):
+    """flash_attn_func on q (b, s_q, h, d) and kv (b, s_k, 2, h_k, d) (views, no copies)."""
+    check_packed("kv", kv, 2, "(batch, seqlen_k, 2, heads_k, head_dim)")
+    k, v = kv.unbind(2)
+    return _attention(
+        q,
+        k,
+        v,
+        dropout_p,
+        softmax_scale,
+        causal,
+        window_size,
+        softcap,
+        alibi_slopes,
+        deterministic,
+        return_attn_probs,
+        family,
+    )

@@ -1,0 +1,190 @@
+"""Pure-PyTorch attention with the exact semantics of flash_attn 2.x.
+
+It is the CPU implementation of the ``torch.ops.flashattn`` ops and the yardstick of
+the GPU tests. It materialises the (b, h, s_q, s_k) score matrix, so it is for
+checking, not for speed.
+
+Shapes: q (b, s_q, h, d), k/v (b, s_k, h_k, d) with h % h_k == 0, any d.
+Query head i reads key/value head i // (h // h_k).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+__all__ = ["attention", "attention_bwd", "visible_mask"]
+
+
+def visible_mask(
+    s_q: int,
+    s_k: int,
+    causal: bool = False,
+    window_size: tuple[int, int] = (-1, -1),
+    device=None,
+) -> torch.Tensor:
+    """Bool (s_q, s_k): may query row i see key j? Aligned to the bottom-right.
+
+    Query i lines up with key i + s_k - s_q; it sees keys in
+    [that - window_left, that + window_right], -1 meaning unbounded on that side.
+    ``causal`` forces window_right = 0.
+    """
+    window_left, window_right = window_size
+    if causal:
+        window_right = 0
+    i = torch.arange(s_q, device=device)[:, None]
+    j = torch.arange(s_k, device=device)[None, :]
+    diagonal = i + (s_k - s_q)
+    visible = torch.ones(s_q, s_k, dtype=torch.bool, device=device)
+    if window_right >= 0:
+        visible &= j <= diagonal + window_right
+    if window_left >= 0:
+        visible &= j >= diagonal - window_left
+    return visible
+
+
+def _compute_dtype(dtype: torch.dtype, upcast: bool) -> torch.dtype:
+    if not upcast:
+        return dtype
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def _expand_kv(t: torch.Tensor, heads: int) -> torch.Tensor:
+    """(b, s_k, h_k, d) -> (b, s_k, h, d): repeat each key/value head over its group."""
+    return t.repeat_interleave(heads // t.shape[2], dim=2)
+
+
+def _reduce_kv(t: torch.Tensor, heads_k: int) -> torch.Tensor:
+    """(b, s_k, h, d) -> (b, s_k, h_k, d): sum the gradients of each group."""
+    b, s_k, h, d = t.shape
+    return t.reshape(b, s_k, heads_k, h // heads_k, d).sum(3)
+
+
+def _scores(q, k, scale, softcap, alibi_slopes, visible):
+    """Scaled, soft-capped, ALiBi-biased, masked scores (b, h, s_q, s_k).
+
+    Also returns tanh(s / softcap) (None without softcap), for the backward's chain rule.
+    """
+    s_q, s_k = q.shape[1], k.shape[1]
+    scores = torch.einsum("bqhd,bkhd->bhqk", q, k) * scale
+    capped_tanh = None
+    if softcap > 0:
+        capped_tanh = torch.tanh(scores / softcap)
+        scores = softcap * capped_tanh
+    if alibi_slopes is not None:
+        i = torch.arange(s_q, device=q.device)[:, None]
+        j = torch.arange(s_k, device=q.device)[None, :]
+        distance = (i + s_k - s_q - j).abs().to(scores.dtype)
+        slopes = alibi_slopes.to(scores.dtype)
+        slopes = slopes.view(-1 if slopes.dim() == 2 else 1, q.shape[2], 1, 1)
+        scores = scores - slopes * distance
+    return scores.masked_fill(~visible, -math.inf), capped_tanh
+
+
+def _dropout_scale(rng_state, dropout_p, shape, dtype, device):
+    """Keep-mask / (1 - p), drawn reproducibly from rng_state = [seed, offset].
+
+    CPU generators have no Philox offset, so the offset is folded into the seed; the
+    mask is drawn on the CPU so that it is the same whatever the tensors' device.
+    """
+    seed, offset = (int(x) for x in rng_state.tolist())
+    generator = torch.Generator().manual_seed((seed * 0x9E3779B97F4A7C15 + offset) % 2**64)
+    keep = torch.rand(shape, generator=generator) >= dropout_p
+    return (keep.to(dtype) / (1.0 - dropout_p)).to(device)
+
+
+def _prepare(q, k, v, softmax_scale, causal, window_size, softcap, alibi_slopes, dtype):
+    """Cast, expand GQA, build the scores: what the forward and backward share."""
+    _, s_q, h, d = q.shape
+    scale = d**-0.5 if softmax_scale is None else softmax_scale
+    qc = q.to(dtype)
+    kc = _expand_kv(k.to(dtype), h)
+    vc = _expand_kv(v.to(dtype), h)
+    visible = visible_mask(s_q, k.shape[1], causal, window_size, q.device)
+    scores, capped_tanh = _scores(qc, kc, scale, softcap, alibi_slopes, visible)
+    return qc, kc, vc, scale, visible, scores, capped_tanh
+
+
+def _probs(scores, lse, visible):
+    """P = exp(s - lse); exactly 0 where masked (also in rows that see no key)."""
+    return torch.exp(scores - lse.to(scores.dtype)[..., None]).masked_fill(~visible, 0.0)
+
+
+def attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    softmax_scale: float | None = None,
+    causal: bool = False,
+    window_size: tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
+    alibi_slopes: torch.Tensor | None = None,
+    dropout_p: float = 0.0,
+    rng_state: torch.Tensor | None = None,
+    upcast: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Attention forward. Returns (out like q, softmax_lse (b, h, s_q)).
+
+    ``upcast=True`` computes in fp32 (fp64 for fp64 inputs) and returns ``out`` in the
+    input dtype; ``upcast=False`` computes everything in the input dtype (PyTorch's
+    own low-precision math, the error baseline of the GPU tests). ``softmax_lse`` is in
+    the compute dtype: natural log of the scores' exp-sum, +inf for a row that sees no
+    key (whose output is 0). Dropout (needs ``rng_state``) applies to P after the lse.
+    """
+    dtype = _compute_dtype(q.dtype, upcast)
+    _, _, vc, _, visible, scores, _ = _prepare(
+        q, k, v, softmax_scale, causal, window_size, softcap, alibi_slopes, dtype
+    )
+    lse = torch.logsumexp(scores, dim=-1)
+    lse = lse.masked_fill(lse == -math.inf, math.inf)  # flash_attn: no key -> +inf
+    probs = _probs(scores, lse, visible)
+    if dropout_p > 0:
+        probs = probs * _dropout_scale(rng_state, dropout_p, probs.shape, dtype, q.device)
+    out = torch.einsum("bhqk,bkhd->bqhd", probs, vc)
+    return out.to(q.dtype), lse
+
+
+def attention_bwd(
+    dout: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    softmax_lse: torch.Tensor,
+    softmax_scale: float | None = None,
+    causal: bool = False,
+    window_size: tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
+    alibi_slopes: torch.Tensor | None = None,
+    dropout_p: float = 0.0,
+    rng_state: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Analytic attention backward in fp32 (fp64 for fp64). Returns (dq, dk, dv).
+
+    P is recomputed from the scores and ``softmax_lse``; dk/dv are summed over each
+    GQA group to (b, s_k, h_k, d). Rows that see no key get zero gradients.
+    """
+    dtype = _compute_dtype(q.dtype, upcast=True)
+    qc, kc, vc, scale, visible, scores, capped_tanh = _prepare(
+        q, k, v, softmax_scale, causal, window_size, softcap, alibi_slopes, dtype
+    )
+    do, o = dout.to(dtype), out.to(dtype)
+    probs = _probs(scores, softmax_lse, visible)
+    dropped = probs
+    if dropout_p > 0:
+        keep_scale = _dropout_scale(rng_state, dropout_p, probs.shape, dtype, q.device)
+        dropped = probs * keep_scale
+    dv = torch.einsum("bhqk,bqhd->bkhd", dropped, do)
+    dprobs = torch.einsum("bqhd,bkhd->bhqk", do, vc)
+    if dropout_p > 0:
+        dprobs = dprobs * keep_scale
+    # Softmax backward: dS = P * (dP - rowsum(dO * O)); rowsum(dO * O) = rowsum(P * dP).
+    delta = (do * o).sum(-1).transpose(1, 2)[..., None]
+    dscores = probs * (dprobs - delta)
+    if capped_tanh is not None:
+        dscores = dscores * (1.0 - capped_tanh * capped_tanh)
+    dq = scale * torch.einsum("bhqk,bkhd->bqhd", dscores, kc)
+    dk = scale * torch.einsum("bhqk,bqhd->bkhd", dscores, qc)
+    h_k = k.shape[2]
+    return dq.to(q.dtype), _reduce_kv(dk, h_k).to(k.dtype), _reduce_kv(dv, h_k).to(v.dtype)
