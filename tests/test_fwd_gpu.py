@@ -1,0 +1,292 @@
+"""Forward correctness of the CUDA kernels (DESIGN.md's standard), per kernel family.
+
+Every family that the build says runs on this GPU is forced in turn (``family=``), so
+a development build with all families compiled for one target tests all code paths
+on one GPU. Inputs are fresh randn (never zeros); outputs are poisoned with NaN
+before each run; the reference is fp32 from the same inputs and the yardstick is
+PyTorch's own fp16/bf16 math (reference.attention(upcast=False)).
+
+The default run is a representative slice (~1-2 min on an H100); --slow runs the grid.
+"""
+
+import math
+
+import flashattn
+import pytest
+import torch
+from _gpu import call_kernel
+from _standard import FWD_FACTOR, assert_lse, assert_standard
+from flashattn import FlashAttnError, _dispatch, reference
+
+pytestmark = pytest.mark.gpu
+
+OPS = torch.ops.flashattn
+FAMILIES = ("sm70", "sm75", "sm80")
+HEAD_DIMS = (32, 40, 64, 80, 96, 128, 160, 192, 256)
+SEQLENS = (1, 17, 113, 128, 255, 1024, 2925, 4096)
+# Equal lengths, plus s_q != s_k both ways (s_q > s_k with causal masks whole rows).
+SEQLEN_PAIRS = [(s, s) for s in SEQLENS] + [
+    (1, 17),
+    (17, 1),
+    (113, 255),
+    (255, 113),
+    (128, 1024),
+    (1024, 128),
+    (1, 1024),
+    (1024, 1),
+    (2925, 4096),
+    (4096, 2925),
+]
+HEADS = 8
+GQA_HEADS_K = (8, 2, 1)  # ratios 1, 4, 8
+
+
+def family_dtypes():
+    """(family, dtype) pairs: bf16 only on sm80 (sm70/sm75 have no bf16 tensor cores)."""
+    for family in FAMILIES:
+        for dtype in (torch.float16, torch.bfloat16):
+            if dtype == torch.float16 or family == "sm80":
+                yield pytest.param(family, dtype, id=f"{family}-{str(dtype)[6:]}")
+
+
+@pytest.fixture(autouse=True)
+def _exact_fp32_reference(monkeypatch):
+    # The fp32 reference must not silently run its matmuls in TF32.
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
+
+
+def require(family: str, dtype: torch.dtype, head_dim: int) -> int:
+    """The family's int if the build runs it on this GPU for dtype and head_dim, else skip."""
+    info = flashattn.build_info()
+    major, minor = torch.cuda.get_device_capability()
+    cc = 10 * major + minor
+    wanted = int(family[2:])
+    newest = _dispatch.family_for_capability((major, minor), torch.cuda.get_device_name())
+    if wanted > newest:
+        pytest.skip(f"{family} needs a newer GPU than compute capability {major}.{minor}")
+    families = info["families"]
+    if not families and wanted != newest:
+        pytest.skip("the build info lists no families: only the device's own family is tested")
+    if families and (family not in families or not _dispatch.runs_on(families[family], cc)):
+        pytest.skip(f"this build has no {family} kernels for compute capability {major}.{minor}")
+    key = {torch.float16: "fp16", torch.bfloat16: "bf16"}[dtype]
+    if info["dtypes"] and key not in info["dtypes"]:
+        pytest.skip(f"this build has no {key} kernels")
+    if info["head_dims"] and max(info["head_dims"]) < head_dim:
+        pytest.skip(f"this build has no kernel bucket for head dim {head_dim}")
+    return wanted
+
+
+def make_qkv(b, s_q, s_k, h, h_k, d, dtype, seed):
+    g = torch.Generator("cuda").manual_seed(seed)
+    return tuple(
+        torch.randn(b, s, heads, d, generator=g, device="cuda", dtype=dtype)
+        for s, heads in ((s_q, h), (s_k, h_k), (s_k, h_k))
+    )
+
+
+def check_forward(q, k, v, family, causal=False, window=(-1, -1), softcap=0.0, alibi=None):
+    """Run fwd_out (into a NaN-poisoned out) and fwd; hold both to the standard."""
+    scale = 1.0 / math.sqrt(q.shape[-1])
+    args = (alibi, None, 0.0, scale, causal, window[0], window[1], softcap, family)
+    out = torch.full_like(q, float("nan"))
+    lse = call_kernel(OPS.fwd_out, q, k, v, out, *args)
+    out2, lse2 = call_kernel(OPS.fwd, q, k, v, *args)
+
+    kwargs = {
+        "softmax_scale": scale,
+        "causal": causal,
+        "window_size": window,
+        "softcap": softcap,
+        "alibi_slopes": alibi,
+    }
+    ref, ref_lse = reference.attention(q.float(), k.float(), v.float(), **kwargs)
+    lowp, lowp_lse = reference.attention(q, k, v, upcast=False, **kwargs)
+    for name, o, o_lse in (("fwd_out", out, lse), ("fwd", out2, lse2)):
+        assert o.dtype == q.dtype and o.shape == q.shape
+        assert o_lse.shape == (q.shape[0], q.shape[2], q.shape[1]) and o_lse.is_contiguous()
+        assert_standard(f"{name} out", o, ref, lowp, FWD_FACTOR)
+        assert_lse(o_lse, ref_lse, lowp_lse.float())
+
+
+def run_case(family, dtype, d, s_q, s_k, causal, h_k, seed=0):
+    fam = require(family, dtype, d)
+    b = 2 if max(s_q, s_k) <= 1024 else 1
+    q, k, v = make_qkv(b, s_q, s_k, HEADS, h_k, d, dtype, seed)
+    check_forward(q, k, v, fam, causal=causal)
+
+
+# ---- the default slice: every head dim at two shapes; every seqlen pair at d 64/128; GQA
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("s_q, s_k", [(128, 128), (255, 113)])
+@pytest.mark.parametrize("d", HEAD_DIMS)
+@pytest.mark.parametrize("family, dtype", family_dtypes())
+def test_head_dims(family, dtype, d, s_q, s_k, causal):
+    run_case(family, dtype, d, s_q, s_k, causal, h_k=HEADS)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("s_q, s_k", SEQLEN_PAIRS)
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("family, dtype", family_dtypes())
+def test_seqlens(family, dtype, d, s_q, s_k, causal):
+    run_case(family, dtype, d, s_q, s_k, causal, h_k=HEADS)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("s_q, s_k", [(113, 255), (1024, 1024), (255, 17)])
+@pytest.mark.parametrize("h_k", [2, 1])
+@pytest.mark.parametrize("family, dtype", family_dtypes())
+def test_gqa(family, dtype, h_k, s_q, s_k, causal):
+    run_case(family, dtype, 128, s_q, s_k, causal, h_k=h_k)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("d", [64, 96, 128])
+@pytest.mark.parametrize("family, dtype", family_dtypes())
+def test_packed_qkv_strided_views(family, dtype, d, causal):
+    # q, k, v as views of one (b, s, 3, h, d) tensor: non-contiguous heads and rows.
+    fam = require(family, dtype, d)
+    g = torch.Generator("cuda").manual_seed(1)
+    qkv = torch.randn(2, 255, 3, HEADS, d, generator=g, device="cuda", dtype=dtype)
+    q, k, v = qkv.unbind(2)
+    assert not q.is_contiguous()
+    check_forward(q, k, v, fam, causal=causal)
+
+
+# ---- the full grid
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("h_k", GQA_HEADS_K)
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("s_q, s_k", SEQLEN_PAIRS)
+@pytest.mark.parametrize("d", HEAD_DIMS)
+@pytest.mark.parametrize("family, dtype", family_dtypes())
+def test_full_grid(family, dtype, d, s_q, s_k, causal, h_k):
+    run_case(family, dtype, d, s_q, s_k, causal, h_k=h_k)
+
+
+# ---- features, the public API, streams, buffers, sizes
+
+
+FEATURES = {
+    "window": lambda alibi: {"window": (64, 16)},
+    "window_causal": lambda alibi: {"window": (32, -1), "causal": True},
+    "softcap": lambda alibi: {"softcap": 5.0, "causal": True},
+    "alibi_bh": lambda alibi: {"alibi": alibi},
+    "alibi_h_causal": lambda alibi: {"alibi": alibi[0].contiguous(), "causal": True},
+}
+
+
+@pytest.mark.parametrize("feature", FEATURES)
+@pytest.mark.parametrize("family, dtype", family_dtypes())
+def test_features(family, dtype, feature):
+    fam = require(family, dtype, 64)
+    q, k, v = make_qkv(2, 200, 300, HEADS, 2, 64, dtype, seed=3)
+    alibi = torch.rand(2, HEADS, device="cuda")
+    check_forward(q, k, v, fam, **FEATURES[feature](alibi))
+
+
+@pytest.mark.parametrize("d", [20, 64])
+def test_public_api_on_gpu(d):
+    # The device's own family, chosen by flashattn; d = 20 is padded to 24.
+    q, k, v = make_qkv(2, 113, 200, HEADS, 2, d, torch.float16, seed=4)
+    require(f"sm{_dispatch.resolve_family(q.device, q.dtype)}", q.dtype, d + (-d % 8))
+    out, lse, _ = call_kernel(
+        flashattn.flash_attn_func, q, k, v, causal=True, return_attn_probs=True
+    )
+    ref, ref_lse = reference.attention(q.float(), k.float(), v.float(), causal=True)
+    lowp, lowp_lse = reference.attention(q, k, v, causal=True, upcast=False)
+    assert_standard("out", out, ref, lowp, FWD_FACTOR)
+    assert_lse(lse, ref_lse, lowp_lse.float())
+
+
+def test_build_info_lists_a_family_for_this_gpu():
+    info = flashattn.build_info()
+    assert info["extension_loaded"], info["extension_error"]
+    assert info["families"], "the build info lists no kernel families"
+    major, minor = torch.cuda.get_device_capability()
+    runnable = [f for f, t in info["families"].items() if _dispatch.runs_on(t, 10 * major + minor)]
+    assert runnable, f"no built family runs on compute capability {major}.{minor}: {info}"
+
+
+def test_preallocated_out_is_honoured():
+    # out is a strided view into a larger buffer: exactly its elements are written.
+    q, k, v = make_qkv(2, 128, 128, HEADS, HEADS, 64, torch.float16, seed=5)
+    fam = require(f"sm{_dispatch.resolve_family(q.device, q.dtype)}", q.dtype, 64)
+    buffer = torch.full((2, 128, HEADS, 128), 7.0, device="cuda", dtype=torch.float16)
+    out = buffer[..., :64]
+    out.fill_(float("nan"))
+    call_kernel(OPS.fwd_out, q, k, v, out, None, None, 0.0, 0.125, False, -1, -1, 0.0, fam)
+    assert out.data_ptr() == buffer.data_ptr()
+    assert (buffer[..., 64:] == 7.0).all(), "fwd_out wrote outside out"
+    ref, _ = reference.attention(q.float(), k.float(), v.float(), softmax_scale=0.125)
+    lowp, _ = reference.attention(q, k, v, softmax_scale=0.125, upcast=False)
+    assert_standard("out", out, ref, lowp, FWD_FACTOR)
+
+
+def test_runs_on_the_current_stream():
+    # The side stream first sleeps, then rewrites q. A kernel launched on another stream
+    # would read the old q; one on the current stream reads the new one.
+    q, k, v = make_qkv(1, 256, 256, HEADS, HEADS, 64, torch.float16, seed=6)
+    fam = require(f"sm{_dispatch.resolve_family(q.device, q.dtype)}", q.dtype, 64)
+    new_q = torch.randn_like(q)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        torch.cuda._sleep(100_000_000)
+        q.copy_(new_q)
+        out, _ = call_kernel(OPS.fwd, q, k, v, None, None, 0.0, 0.125, False, -1, -1, 0.0, fam)
+    torch.cuda.synchronize()
+    ref, _ = reference.attention(new_q.float(), k.float(), v.float(), softmax_scale=0.125)
+    lowp, _ = reference.attention(new_q, k, v, softmax_scale=0.125, upcast=False)
+    assert_standard("out", out, ref, lowp, FWD_FACTOR)
+
+
+@pytest.mark.slow
+def test_over_2_pow_31_elements():
+    # q, k, v and out of 2^31 + 2^24 elements each (bf16, ~4.3 GB apiece): offsets must be
+    # 64-bit. The last batch entries live past element 2^31; check them and the first.
+    b, s, h, d = 2**13 + 2**6, 128, 16, 128
+    need = 4 * b * s * h * d * 2 + 2**30
+    if torch.cuda.mem_get_info()[0] < need:
+        pytest.skip(f"needs {need / 2**30:.0f} GiB of free GPU memory")
+    fam = require(
+        f"sm{_dispatch.resolve_family(torch.device('cuda'), torch.bfloat16)}", torch.bfloat16, d
+    )
+    q, k, v = make_qkv(b, s, s, h, h, d, torch.bfloat16, seed=7)
+    assert q.numel() > 2**31
+    out, lse = call_kernel(OPS.fwd, q, k, v, None, None, 0.0, d**-0.5, True, -1, -1, 0.0, fam)
+    for batch in (slice(0, 1), slice(b - 2, b)):
+        qs, ks, vs = q[batch], k[batch], v[batch]
+        ref, ref_lse = reference.attention(qs.float(), ks.float(), vs.float(), causal=True)
+        lowp, lowp_lse = reference.attention(qs, ks, vs, causal=True, upcast=False)
+        assert_standard("out", out[batch], ref, lowp, FWD_FACTOR)
+        assert_lse(lse[batch], ref_lse, lowp_lse.float())
+
+
+# ---- bad inputs on the GPU
+
+
+def test_fp32_cuda_input_is_refused():
+    q, k, v = make_qkv(1, 16, 16, 2, 2, 64, torch.float32, seed=8)
+    with pytest.raises(
+        FlashAttnError, match="the CUDA kernels take torch.float16 or torch.bfloat16"
+    ):
+        flashattn.flash_attn_func(q, k, v)
+    # the raw op goes straight to the C++ checks
+    with pytest.raises(RuntimeError) as info:
+        call_kernel(OPS.fwd, q, k, v, None, None, 0.0, 0.125, False, -1, -1, 0.0, 0)
+    assert any(w in str(info.value).lower() for w in ("fp16", "float16", "half")), info.value
+
+
+def test_cpu_and_cuda_mix_is_refused():
+    q, k, v = make_qkv(1, 16, 16, 2, 2, 64, torch.float16, seed=9)
+    with pytest.raises(FlashAttnError, match="put all inputs on one device"):
+        flashattn.flash_attn_func(q, k.cpu(), v)
+    with pytest.raises(RuntimeError):
+        call_kernel(OPS.fwd, q, k.cpu(), v, None, None, 0.0, 0.125, False, -1, -1, 0.0, 0)
