@@ -34,13 +34,17 @@ def _shape(t: torch.Tensor) -> str:
     return str(tuple(t.shape))
 
 
-def _dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype)  # "torch.float16"
-
-
 def _check_tensor(name: str, t) -> None:
     if not isinstance(t, torch.Tensor):
         _fail(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+
+
+def _check_last_dim_contiguous(name: str, t: torch.Tensor) -> None:
+    if t.stride(-1) != 1:
+        _fail(
+            f"{name}'s last dim is not contiguous (stride(-1) = {t.stride(-1)}) — call"
+            f" {name}.contiguous() or pass a tensor whose last dim is contiguous"
+        )
 
 
 def _check_qkv_like(name: str, t: torch.Tensor) -> None:
@@ -57,11 +61,7 @@ def _check_qkv_like(name: str, t: torch.Tensor) -> None:
                 f"{name} has size 0 in dim {dim} ({_DIM_NAMES[dim]}), shape {_shape(t)};"
                 " flashattn needs non-empty inputs — skip the call for empty batches"
             )
-    if t.stride(-1) != 1:
-        _fail(
-            f"{name}'s last dim is not contiguous (stride(-1) = {t.stride(-1)}) — call"
-            f" {name}.contiguous() or pass a tensor whose last dim is contiguous"
-        )
+    _check_last_dim_contiguous(name, t)
 
 
 def _check_dtype(name: str, t: torch.Tensor) -> None:
@@ -70,12 +70,12 @@ def _check_dtype(name: str, t: torch.Tensor) -> None:
         return
     if t.device.type == "cuda" and t.dtype.is_floating_point:
         _fail(
-            f"{name} has dtype {_dtype_name(t.dtype)}; the CUDA kernels take torch.float16"
+            f"{name} has dtype {t.dtype}; the CUDA kernels take torch.float16"
             f" or torch.bfloat16 — cast with {name}.half() or {name}.bfloat16()"
         )
-    names = ", ".join(_dtype_name(d) for d in allowed)
+    names = ", ".join(str(d) for d in allowed)
     _fail(
-        f"{name} has dtype {_dtype_name(t.dtype)}; on {t.device.type} flashattn takes {names}"
+        f"{name} has dtype {t.dtype}; on {t.device.type} flashattn takes {names}"
         f" — cast with {name}.float() or {name}.half()"
     )
 
@@ -89,8 +89,7 @@ def _check_same(name: str, t: torch.Tensor, ref_name: str, ref: torch.Tensor) ->
         )
     if t.dtype != ref.dtype:
         _fail(
-            f"{ref_name} has dtype {_dtype_name(ref.dtype)} but {name} has"
-            f" {_dtype_name(t.dtype)} — give all inputs one dtype"
+            f"{ref_name} has dtype {ref.dtype} but {name} has {t.dtype} — give all inputs one dtype"
         )
 
 
@@ -100,11 +99,7 @@ def _check_like(name: str, t, ref_name: str, ref: torch.Tensor) -> None:
     _check_same(name, t, ref_name, ref)
     if t.shape != ref.shape:
         _fail(f"{name} must have the shape of {ref_name} {_shape(ref)}, got {_shape(t)}")
-    if t.stride(-1) != 1:
-        _fail(
-            f"{name}'s last dim is not contiguous (stride(-1) = {t.stride(-1)}) — call"
-            f" {name}.contiguous() or pass a tensor whose last dim is contiguous"
-        )
+    _check_last_dim_contiguous(name, t)
 
 
 def check_fwd(
@@ -218,7 +213,7 @@ def check_bwd(
     b, s_q, h, _ = q.shape
     if softmax_lse.dtype != torch.float32:
         _fail(
-            f"softmax_lse has dtype {_dtype_name(softmax_lse.dtype)}; it must be"
+            f"softmax_lse has dtype {softmax_lse.dtype}; it must be"
             " torch.float32 — pass the softmax_lse the forward returned"
         )
     if softmax_lse.device != q.device:
@@ -241,7 +236,7 @@ def _check_alibi(alibi_slopes, q: torch.Tensor) -> None:
     b, _, h, _ = q.shape
     if alibi_slopes.dtype != torch.float32:
         _fail(
-            f"alibi_slopes has dtype {_dtype_name(alibi_slopes.dtype)}; it must be"
+            f"alibi_slopes has dtype {alibi_slopes.dtype}; it must be"
             " torch.float32 — cast with alibi_slopes.float()"
         )
     if tuple(alibi_slopes.shape) not in ((h,), (b, h)):
@@ -254,8 +249,7 @@ def _check_alibi(alibi_slopes, q: torch.Tensor) -> None:
             f"q is on {q.device} but alibi_slopes is on {alibi_slopes.device}"
             " — put all inputs on one device"
         )
-    if alibi_slopes.stride(-1) != 1:
-        _fail("alibi_slopes' last dim is not contiguous — call alibi_slopes.contiguous()")
+    _check_last_dim_contiguous("alibi_slopes", alibi_slopes)
 
 
 def _check_rng_state(rng_state, q: torch.Tensor, dropout_p) -> None:
@@ -270,7 +264,7 @@ def _check_rng_state(rng_state, q: torch.Tensor, dropout_p) -> None:
     if rng_state.dtype != torch.int64 or tuple(rng_state.shape) != (2,):
         _fail(
             f"rng_state must be an int64 tensor of shape (2,) holding [seed, offset], got"
-            f" {_dtype_name(rng_state.dtype)} of shape {_shape(rng_state)}"
+            f" {rng_state.dtype} of shape {_shape(rng_state)}"
         )
     if rng_state.device.type != "cpu" and rng_state.device != q.device:
         _fail(
