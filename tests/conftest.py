@@ -13,7 +13,7 @@ from _gpu import gpu_skip_reason
 from hypothesis import settings
 
 # Modest example counts: the whole CPU suite should stay within a few minutes on 2 cores.
-settings.register_profile("flashattn", max_examples=25, deadline=None, derandomize=False)
+settings.register_profile("flashattn", max_examples=25, deadline=None)
 settings.load_profile("flashattn")
 
 
@@ -25,22 +25,9 @@ def pytest_addoption(parser):
 
 def pytest_collection_modifyitems(config, items):
     run_slow = config.getoption("--slow")
-    gpu_reason = None
+    gpu_reason = gpu_skip_reason() if any("gpu" in item.keywords for item in items) else None
     for item in items:
         if "slow" in item.keywords and not run_slow:
             item.add_marker(pytest.mark.skip(reason="slow test: run pytest with --slow"))
-        if "gpu" in item.keywords:
-            gpu_reason = gpu_reason or gpu_skip_reason() or ""
-            if gpu_reason:
-                item.add_marker(pytest.mark.skip(reason=gpu_reason))
-
-
-@pytest.fixture
-def cuda_device():
-    """The CUDA device for gpu tests (which are skipped without a GPU or the extension)."""
-    import torch
-
-    reason = gpu_skip_reason()
-    if reason:
-        pytest.skip(reason)
-    return torch.device("cuda", torch.cuda.current_device())
+        if "gpu" in item.keywords and gpu_reason:
+            item.add_marker(pytest.mark.skip(reason=gpu_reason))
