@@ -2,6 +2,7 @@
 // Only PyTorch's stable ABI is used, so one build loads in every torch from the
 // target version on. The schemas are defined in python/flashattn/_ops.py.
 #include <cuda_runtime.h>
+#include <dlfcn.h>
 
 #include <torch/csrc/inductor/aoti_torch/c/shim.h>
 #include <torch/csrc/stable/accelerator.h>
@@ -74,9 +75,19 @@ int family_for_capability(int cc) {
   return cc >= 80 ? 80 : (cc >= 75 ? 75 : 70);
 }
 
+// The current stream comes from torch's C shim in libtorch_cuda.so, which
+// torch loads RTLD_LOCAL. Looking it up there (instead of linking to it) keeps
+// the module loadable under a CPU-only torch, where its CUDA ops never run.
 cudaStream_t current_stream(int device) {
+  using GetStream = AOTITorchError (*)(int32_t, void**);
+  static const GetStream get_stream = [] {
+    void* lib = dlopen("libtorch_cuda.so", RTLD_NOW | RTLD_NOLOAD);
+    return lib ? reinterpret_cast<GetStream>(dlsym(lib, "aoti_torch_get_current_cuda_stream")) : nullptr;
+  }();
+  FA_CHECK(get_stream != nullptr, "this torch has no CUDA support (libtorch_cuda.so is not loaded); "
+           "install a CUDA build of torch");
   void* stream = nullptr;
-  STABLE_TORCH_ERROR_CODE_CHECK(aoti_torch_get_current_cuda_stream(device, &stream));
+  FA_CHECK(get_stream(device, &stream) == AOTI_TORCH_SUCCESS, "could not get the current CUDA stream");
   return static_cast<cudaStream_t>(stream);
 }
 
