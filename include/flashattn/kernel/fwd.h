@@ -62,8 +62,14 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(const FwdPara
       make_layout(make_shape(params.seqlen_q, Int<kHeadDim>{}), make_stride(params.out_row_stride, _1{})));
   Tensor gQ = local_tile(mQ, Shape<Int<kBlockM>, Int<kHeadDim>>{}, make_coord(tile.m_block, 0));
   Tensor gO = local_tile(mO, Shape<Int<kBlockM>, Int<kHeadDim>>{}, make_coord(tile.m_block, 0));
-  Tensor gK = local_tile(mK, Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(_, 0));  // (N, D, n)
-  Tensor gV = local_tile(mV, Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(_, 0));
+  // K and V start at the last visible key block and step back one block per
+  // iteration: one moving pointer each, not one address per block.
+  int n_begin, n_end;
+  mask.key_block_range(m0, kBlockM, kBlockN, n_begin, n_end);
+  Tensor gK = local_tile(mK, Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(max(n_end - 1, 0), 0));
+  Tensor gV = local_tile(mV, Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(max(n_end - 1, 0), 0));
+  const index_t k_block_step = -index_t(kBlockN) * params.k_row_stride;
+  const index_t v_block_step = -index_t(kBlockN) * params.v_row_stride;
   float* lse_row0 = params.softmax_lse + (int64_t(tile.batch) * params.heads + tile.head) * params.seqlen_q;
 
   Tensor sQ = make_tensor(make_smem_ptr(reinterpret_cast<Element*>(smem)), typename Traits::SmemLayoutQ{});
@@ -79,7 +85,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(const FwdPara
   auto gmem_thr = gmem_copy.get_thread_slice(tidx);
   Tensor tQgQ = gmem_thr.partition_S(gQ);
   Tensor tQsQ = gmem_thr.partition_D(sQ);
-  Tensor tKgK = gmem_thr.partition_S(gK);  // (CPY, CPY_N, CPY_D, n)
+  Tensor tKgK = gmem_thr.partition_S(gK);  // (CPY, CPY_N, CPY_D)
   Tensor tKsK = gmem_thr.partition_D(sK);
   Tensor tVgV = gmem_thr.partition_S(gV);
   Tensor tVsV = gmem_thr.partition_D(sV);
@@ -108,14 +114,11 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(const FwdPara
   constexpr int kRows = decltype(size<0>(acc_o_rc))::value;
   float lse[kRows];
 
-  int n_begin, n_end;
-  mask.key_block_range(m0, kBlockM, kBlockN, n_begin, n_end);
-
   if (n_end > n_begin) {
     // Q and the last visible K block.
     copy_tile(gmem_copy, tQgQ, tQsQ, tQcQ, tQpQ, rows_left_q);
     int n_block = n_end - 1;
-    copy_tile(gmem_copy, tKgK(_, _, _, n_block), tKsK, tKcK, tKpK, params.seqlen_k - n_block * kBlockN);
+    copy_tile(gmem_copy, tKgK, tKsK, tKcK, tKpK, params.seqlen_k - n_block * kBlockN);
     cp_async_fence();
 
     // Shared -> register partitions for S = Q K^T and O += P V.
@@ -141,7 +144,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(const FwdPara
       clear(acc_s);
       cp_async_wait<0>();
       __syncthreads();  // K[n] (and Q) landed; everyone is done with V[n+1]
-      copy_tile(gmem_copy, tVgV(_, _, _, n_block), tVsV, tKcK, tKpK, params.seqlen_k - n0);
+      copy_tile(gmem_copy, tVgV, tVsV, tKcK, tKpK, params.seqlen_k - n0);
+      tVgV.data() = tVgV.data() + v_block_step;
       cp_async_fence();
 
       gemm_smem_smem(acc_s, tSrQ, tSrK, tSsQ, tSsK, tiled_mma, smem_copy_q, smem_copy_k);
@@ -150,7 +154,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(const FwdPara
       cp_async_wait<0>();
       __syncthreads();  // V[n] landed; everyone is done with K[n]
       if (n_block > n_begin) {
-        copy_tile(gmem_copy, tKgK(_, _, _, n_block - 1), tKsK, tKcK, tKpK, params.seqlen_k - n0 + kBlockN);
+        tKgK.data() = tKgK.data() + k_block_step;
+        copy_tile(gmem_copy, tKgK, tKsK, tKcK, tKpK, params.seqlen_k - n0 + kBlockN);
         cp_async_fence();
       }
 

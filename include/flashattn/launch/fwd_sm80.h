@@ -11,7 +11,7 @@ namespace flashattn {
 // on, where 4 warps would hold too large an O accumulator each.
 template <int kHeadDim> struct Sm80FwdTile;
 template <> struct Sm80FwdTile<32>  { static constexpr int kM = 128, kN = 128, kWarps = 4; };
-template <> struct Sm80FwdTile<64>  { static constexpr int kM = 128, kN = 128, kWarps = 4; };
+template <> struct Sm80FwdTile<64>  { static constexpr int kM = 128, kN = 64,  kWarps = 4; };
 template <> struct Sm80FwdTile<96>  { static constexpr int kM = 128, kN = 64,  kWarps = 4; };
 template <> struct Sm80FwdTile<128> { static constexpr int kM = 128, kN = 64,  kWarps = 4; };
 template <> struct Sm80FwdTile<160> { static constexpr int kM = 128, kN = 64,  kWarps = 8; };
