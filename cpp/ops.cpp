@@ -12,6 +12,7 @@
 #include <torch/headeronly/core/ScalarType.h>
 
 #include <cmath>
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <tuple>
@@ -51,6 +52,18 @@ void check_cuda_tensor(const Tensor& t, const char* name, const Tensor& ref) {
            " but q is on cuda:", ref.get_device_index(), "; put all inputs on one device");
 }
 
+// The kernels move 16-byte vectors: the start of every row must be 16-byte
+// aligned (true of every tensor torch allocates, and of views that start and
+// step on multiples of 8 elements).
+void check_aligned(const Tensor& t, const char* name) {
+  bool aligned = reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0;
+  for (int64_t i = 0; i < 3; ++i) aligned &= t.size(i) == 1 || t.stride(i) % 8 == 0;
+  FA_CHECK(aligned, name, " is not 16-byte aligned (a view that starts or steps by a number of "
+           "elements that is not a multiple of 8; strides ", t.stride(0), ", ", t.stride(1), ", ",
+           t.stride(2), "); pass ", name, ".clone() (flashattn.flash_attn_func copies such inputs "
+           "for you)");
+}
+
 void check_attn_tensor(const Tensor& t, const char* name, const Tensor& q) {
   check_cuda_tensor(t, name, q);
   FA_CHECK(t.dim() == 4, name, " must be 4-D (batch, seqlen, heads, head_dim), got shape ",
@@ -61,6 +74,7 @@ void check_attn_tensor(const Tensor& t, const char* name, const Tensor& q) {
            "); call .contiguous() or pass a tensor whose last dim is contiguous");
   for (int64_t i = 0; i < 4; ++i)
     FA_CHECK(t.size(i) > 0, name, " is empty (shape ", shape_str(t), "); every dim must be >= 1");
+  check_aligned(t, name);
 }
 
 int device_capability(int device) {
@@ -211,6 +225,7 @@ void check_out(const Tensor& out, const Tensor& q) {
            " but q has ", dtype_name(q.scalar_type()));
   FA_CHECK(out.stride(3) == 1, "out has a non-contiguous last dim; pass a tensor whose last dim "
            "is contiguous");
+  check_aligned(out, "out");
 }
 
 Tensor run_fwd(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,

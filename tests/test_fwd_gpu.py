@@ -161,6 +161,49 @@ def test_packed_qkv_strided_views(family, dtype, d, causal):
     check_forward(q, k, v, fam, causal=causal)
 
 
+@pytest.mark.parametrize("d", [8, 16, 24, 136, 200, 248])
+def test_head_dims_inside_buckets(d):
+    # Head dims well inside a bucket: the columns past d are predicated off.
+    family = f"sm{_dispatch.resolve_family(torch.device('cuda'), torch.float16)}"
+    fam = require(family, torch.float16, d)
+    q, k, v = make_qkv(2, 130, 77, HEADS, 4, d, torch.float16, seed=11)
+    check_forward(q, k, v, fam, causal=True)
+
+
+def test_misaligned_views():
+    # A view starting one element in, or rows d + 1 apart, cannot take 16-byte vector
+    # loads: the raw op refuses it clearly, flash_attn_func copies it and computes.
+    d, dtype = 64, torch.float16
+    family = f"sm{_dispatch.resolve_family(torch.device('cuda'), dtype)}"
+    fam = require(family, dtype, d)
+    g = torch.Generator("cuda").manual_seed(12)
+    base = torch.randn(2, 100, HEADS, d + 1, generator=g, device="cuda", dtype=dtype)
+    shifted, odd_rows = base[..., 1:], base[..., :d]
+    _, k, v = make_qkv(2, 100, 100, HEADS, HEADS, d, dtype, seed=13)
+    for bad in (shifted, odd_rows):
+        with pytest.raises(RuntimeError, match="16-byte aligned"):
+            OPS.fwd(bad, k, v, None, None, 0.0, 0.125, False, -1, -1, 0.0, fam)
+        out = flashattn.flash_attn_func(bad, k, v, causal=True)
+        ref, _ = reference.attention(bad.float(), k.float(), v.float(), causal=True)
+        lowp, _ = reference.attention(bad, k, v, causal=True, upcast=False)
+        assert_standard("out", out, ref, lowp, FWD_FACTOR)
+    # strides that only matter along a dim of size 1 are fine as they are
+    single = torch.randn(HEADS * d, device="cuda", dtype=dtype).as_strided((1, 1, HEADS, d), (7, 5, d, 1))
+    OPS.fwd(single, k[:1, :1], v[:1, :1], None, None, 0.0, 0.125, False, -1, -1, 0.0, fam)
+
+
+def test_large_batch_and_heads():
+    # More (batch x heads) than a 2-D/3-D grid's y/z dims allow (65535).
+    family = f"sm{_dispatch.resolve_family(torch.device('cuda'), torch.float16)}"
+    fam = require(family, torch.float16, 32)
+    q, k, v = make_qkv(70000, 3, 5, 1, 1, 32, torch.float16, seed=14)
+    out = torch.full_like(q, float("nan"))
+    OPS.fwd_out(q, k, v, out, None, None, 0.0, 0.2, True, -1, -1, 0.0, fam)
+    ref, _ = reference.attention(q.float(), k.float(), v.float(), softmax_scale=0.2, causal=True)
+    lowp, _ = reference.attention(q, k, v, softmax_scale=0.2, causal=True, upcast=False)
+    assert_standard("out", out, ref, lowp, FWD_FACTOR)
+
+
 # ---- the full grid
 
 

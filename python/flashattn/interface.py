@@ -51,6 +51,16 @@ class _FlashAttnFunction(torch.autograd.Function):
         return (dq, dk, dv) + (None,) * 10
 
 
+def _aligned_for_kernels(t):
+    """t, or a contiguous copy of it when the CUDA kernels' 16-byte vector accesses
+    would be misaligned: a view starting or stepping by elements not a multiple of 8
+    (the storage itself is aligned by torch's allocator)."""
+    steps = (stride for size, stride in zip(t.shape[:-1], t.stride()[:-1]) if size != 1)
+    if t.storage_offset() % 8 or any(stride % 8 for stride in steps):
+        return t.clone(memory_format=torch.contiguous_format)
+    return t
+
+
 def _attention(
     q,
     k,
@@ -96,6 +106,8 @@ def _attention(
         family = 0
     if pad:
         q, k, v = (F.pad(t, (0, pad)) for t in (q, k, v))
+    elif family:
+        q, k, v = (_aligned_for_kernels(t) for t in (q, k, v))
     out, lse = _FlashAttnFunction.apply(
         q,
         k,
