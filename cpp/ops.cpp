@@ -156,10 +156,6 @@ FwdKernelFn prepare_fwd(const Tensor& q, const Tensor& k, const Tensor& v, const
   // Features the kernels do not have yet: say which, never compute something else.
   FA_CHECK(o.dropout_p == 0.0, "dropout (dropout_p=", o.dropout_p,
            ") has no CUDA kernel yet; use dropout_p=0 (the CPU reference implements it)");
-  FA_CHECK(!o.alibi_slopes.has_value(),
-           "ALiBi has no CUDA kernel yet (alibi_slopes given); the CPU reference implements it");
-  FA_CHECK(o.softcap == 0.0, "softcap has no CUDA kernel yet (softcap=", o.softcap,
-           "); the CPU reference implements it");
 
   const int device = q.get_device_index();
   const int cc = device_capability(device);
@@ -201,7 +197,26 @@ FwdKernelFn prepare_fwd(const Tensor& q, const Tensor& k, const Tensor& v, const
   p.seqlen_k = static_cast<int>(s_k);
   p.head_dim = static_cast<int>(d);
   p.softmax_scale = static_cast<float>(o.softmax_scale);
-  p.softmax_scale_log2 = static_cast<float>(o.softmax_scale * M_LOG2E);
+  // With softcap the kernel caps scaled scores, so they need no further scale.
+  p.softcap = static_cast<float>(o.softcap);
+  p.softcap_prescale = o.softcap > 0 ? static_cast<float>(o.softmax_scale / o.softcap) : 0.f;
+  p.score_scale = o.softcap > 0 ? 1.f : static_cast<float>(o.softmax_scale);
+  p.score_scale_log2 = static_cast<float>(p.score_scale * M_LOG2E);
+  if (o.alibi_slopes.has_value()) {
+    const Tensor& a = *o.alibi_slopes;
+    check_cuda_tensor(a, "alibi_slopes", q);
+    FA_CHECK(a.scalar_type() == ScalarType::Float, "alibi_slopes has dtype ",
+             dtype_name(a.scalar_type()), "; it must be torch.float32");
+    const bool per_head = a.dim() == 1 && a.size(0) == h;
+    const bool per_batch_head = a.dim() == 2 && a.size(0) == b && a.size(1) == h;
+    FA_CHECK(per_head || per_batch_head, "alibi_slopes has shape ", shape_str(a), "; it must be (",
+             h, ",) or (", b, ", ", h, ")");
+    FA_CHECK(a.stride(a.dim() - 1) == 1, "alibi_slopes must be contiguous in its last dim");
+    FA_CHECK(p.score_scale != 0.f, "ALiBi with softmax_scale = 0 has no kernel (the bias is added "
+             "in units of q.k * softmax_scale); use a nonzero softmax_scale");
+    p.alibi_slopes = static_cast<const float*>(a.data_ptr());
+    p.alibi_batch_stride = per_batch_head ? a.stride(0) : 0;
+  }
   // Windows wider than the sequences are unbounded: keeps index math in int.
   int64_t wl = o.window_left, wr = o.causal ? 0 : o.window_right;
   if (wl >= s_k + s_q) wl = -1;

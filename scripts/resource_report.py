@@ -51,6 +51,8 @@ def describe(kernel):
     d, bm, bn = int(d), int(bm), int(bn)
     smem = (bm + 2 * bn) * d * ELEMENT_BYTES.get(element, 2)
     label = f"{traits} {element:<10} d{d:<3} {bm}x{bn} {warps} warps"
+    if flag := re.search(r"EELb([01])E", kernel["name"]):
+        label += " +mods" if flag.group(1) == "1" else ""
     return label, smem
 
 
@@ -63,14 +65,14 @@ def main():
         kernels = parse(f)
     if not kernels:
         sys.exit(f"no 'Compiling entry function' lines in {args.log}: build with FLASHATTN_PTXAS_VERBOSE=1")
-    print(f"{'kernel':<48} {'target':<7} {'regs':>4} {'smem KB':>7} {'stack':>5} {'spill st/ld':>11}")
+    print(f"{'kernel':<54} {'target':<7} {'regs':>4} {'smem KB':>7} {'stack':>5} {'spill st/ld':>11}")
     worst = 0
     for k in sorted(kernels, key=lambda k: (k["target"], k["name"])):
         label, smem = describe(k)
         smem_kb = f"{smem / 1024:.0f}" if smem else "?"
         spill = f"{k.get('spill_st', 0)}/{k.get('spill_ld', 0)}"
         worst = max(worst, k.get("spill_st", 0))
-        print(f"{label:<48} {k['target']:<7} {k.get('regs', 0):>4} {smem_kb:>7} {k.get('stack', 0):>5} {spill:>11}")
+        print(f"{label:<54} {k['target']:<7} {k.get('regs', 0):>4} {smem_kb:>7} {k.get('stack', 0):>5} {spill:>11}")
     if args.max_spill is not None and worst > args.max_spill:
         sys.exit(f"a kernel spills {worst} bytes (> {args.max_spill})")
 

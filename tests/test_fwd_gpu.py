@@ -226,6 +226,8 @@ FEATURES = {
     "softcap": lambda alibi: {"softcap": 5.0, "causal": True},
     "alibi_bh": lambda alibi: {"alibi": alibi},
     "alibi_h_causal": lambda alibi: {"alibi": alibi[0].contiguous(), "causal": True},
+    "softcap_small": lambda alibi: {"softcap": 0.5},
+    "all_together": lambda alibi: {"softcap": 30.0, "alibi": alibi, "window": (40, 8)},
 }
 
 

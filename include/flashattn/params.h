@@ -29,8 +29,13 @@ struct FwdParams {
   int seqlen_k = 0;
   int head_dim = 0;    // actual head dim (multiple of 8), <= the kernel's bucket
 
-  float softmax_scale = 1.f;       // applied to q.k
-  float softmax_scale_log2 = 1.f;  // softmax_scale * log2(e), for exp2
+  float softmax_scale = 1.f;  // applied to q.k
+
+  // The kernel's scores are raw q.k, or with softcap already scaled and capped.
+  // score_scale turns a kernel score into a scaled score (for lse and ALiBi);
+  // score_scale_log2 = score_scale * log2(e), for exp2.
+  float score_scale = 1.f;
+  float score_scale_log2 = 1.f;
 
   // Masking. Query row i may see key column j iff
   //   j <= i + (s_k - s_q) + window_right  (when window_right >= 0) and
@@ -40,7 +45,8 @@ struct FwdParams {
   int window_left = -1;   // -1: unbounded
   int window_right = -1;  // -1: unbounded
 
-  float softcap = 0.f;  // 0: off; else scores -> softcap * tanh(scores / softcap)
+  float softcap = 0.f;  // 0: off; else scaled scores s -> softcap * tanh(s / softcap)
+  float softcap_prescale = 0.f;  // softmax_scale / softcap
 
   const float* alibi_slopes = nullptr;  // (h) or (b, h) fp32; nullptr: off
   index_t alibi_batch_stride = 0;       // 0 when the slopes are (h)

@@ -30,7 +30,10 @@ struct FwdTileIndex {
   }
 };
 
-template <typename Traits>
+// kScoreMods: softcap and ALiBi. A template flag, not a runtime one: as a
+// runtime branch ptxas predicated the modifiers into the plain loop and cost
+// 20-40% with the features off (docs/perf-notes.md, v3/v4).
+template <typename Traits, bool kScoreMods>
 __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(const FwdParams params) {
   using Element = typename Traits::Element;
   constexpr int kBlockM = Traits::kBlockM;
@@ -137,6 +140,11 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(const FwdPara
 
     clear(acc_o);
     OnlineSoftmax<kRows, Traits::kRowShuffleMask> softmax;
+    // ALiBi slope of this (batch, head), in kernel-score units; 0 when off.
+    const float alibi_slope =
+        !kScoreMods || params.alibi_slopes == nullptr
+            ? 0.f
+            : params.alibi_slopes[tile.batch * params.alibi_batch_stride + tile.head] / params.score_scale;
 
     for (; n_block >= n_begin; --n_block) {
       const int n0 = n_block * kBlockN;
@@ -149,6 +157,13 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(const FwdPara
       cp_async_fence();
 
       gemm_smem_smem(acc_s, tSrQ, tSrK, tSsQ, tSsK, tiled_mma, smem_copy_q, smem_copy_k);
+      if constexpr (kScoreMods) {
+        if (params.softcap > 0.f) {
+          CUTE_UNROLL
+          for (int i = 0; i < size(acc_s); ++i) acc_s(i) = params.softcap * tanh_exp2(acc_s(i) * params.softcap_prescale);
+        }
+        if (alibi_slope != 0.f) mask.add_alibi(acc_s, tScS, tScS0, m0, n0, alibi_slope);
+      }
       if (mask.tile_needs_mask(m0, kBlockM, n0, kBlockN)) mask.apply(acc_s, tScS, tScS0, m0, n0);
 
       cp_async_wait<0>();
@@ -160,13 +175,13 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(const FwdPara
       }
 
       Tensor acc_s_rc = make_tensor(acc_s.data(), Traits::rowcol(acc_s.layout()));
-      softmax.update(acc_s_rc, acc_o_rc, params.softmax_scale_log2);
+      softmax.update(acc_s_rc, acc_o_rc, params.score_scale_log2);
 
       Tensor rP = convert_fragment<Element>(acc_s);
       Tensor tOrP = make_tensor(rP.data(), Traits::c_to_a(rP.layout()));
       gemm_reg_smem(acc_o, tOrP, tOrVt, tOsVt, tiled_mma, smem_copy_v);
     }
-    softmax.finalize(acc_o_rc, params.softmax_scale, lse);
+    softmax.finalize(acc_o_rc, params.score_scale, lse);
   } else {
     // No key is visible to any row of this block: output 0, lse +inf.
     clear(acc_o);

@@ -37,6 +37,21 @@ struct AttentionMask {
     return false;
   }
 
+  // Adds the ALiBi bias -slope * |row + s_k - s_q - col| (slope in kernel-score
+  // units), with the same compile-time-offset scheme as apply() below.
+  template <typename Fragment, typename Coords, typename Coords0>
+  __device__ void add_alibi(Fragment& scores, const Coords& coords, const Coords0& coords0, int m0, int n0,
+                            float slope) const {
+    // distance = |(c - r) - diag|, diag = row_base - col_base + s_k - s_q
+    const float diag = float(int64_t(m0 + int(cute::get<0>(coords(0)))) + diag_offset -
+                             (n0 + int(cute::get<1>(coords(0)))));
+    CUTE_UNROLL
+    for (int i = 0; i < cute::size(scores); ++i) {
+      const float c_minus_r = float(int(cute::get<1>(coords0(i))) - int(cute::get<0>(coords0(i))));
+      scores(i) = fmaf(-slope, fabsf(c_minus_r - diag), scores(i));
+    }
+  }
+
   // Sets masked scores of the fragment to -inf. `coords` maps each fragment
   // element to its (row, column) inside the tile, `coords0` the same for
   // thread 0. Layouts are linear, so an element's coordinate is this thread's

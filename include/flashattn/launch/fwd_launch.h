@@ -11,7 +11,8 @@ namespace flashattn {
 template <typename Traits>
 void launch_fwd_kernel(const FwdParams& params, cudaStream_t stream) {
   constexpr int kSmem = Traits::kSmemSize;
-  auto kernel = &fwd_kernel<Traits>;
+  const bool score_mods = params.softcap > 0.f || params.alibi_slopes != nullptr;
+  auto kernel = score_mods ? &fwd_kernel<Traits, true> : &fwd_kernel<Traits, false>;
   if constexpr (kSmem >= 48 * 1024) {
     // Above 48 KB a kernel must opt in; cheap, and per device, so done per launch.
     cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
