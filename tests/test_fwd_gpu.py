@@ -339,3 +339,42 @@ def test_cpu_and_cuda_mix_is_refused():
         flashattn.flash_attn_func(q, k.cpu(), v)
     with pytest.raises(RuntimeError):
         call_kernel(OPS.fwd, q, k.cpu(), v, None, None, 0.0, 0.125, False, -1, -1, 0.0, 0)
+
+
+# ---- serving-style use: torch.compile and CUDA graphs
+
+
+def test_torch_compile_inductor_forward():
+    # Inference under torch.compile(fullgraph=True) with inductor: the fake kernel's
+    # shapes and strides must match what the CUDA kernel returns.
+    q, k, v = make_qkv(2, 96, 160, HEADS, 2, 64, torch.bfloat16, seed=15)
+    require(f"sm{_dispatch.resolve_family(q.device, q.dtype)}", q.dtype, 64)
+
+    def attend(q, k, v):
+        # Same kernel on the same (exactly scaled) input: bitwise equal to eager.
+        return flashattn.flash_attn_func(q * 1.5, k, v, causal=True)
+
+    with torch.no_grad():
+        eager = attend(q, k, v)
+        compiled = torch.compile(attend, fullgraph=True)(q, k, v)
+    torch.testing.assert_close(compiled, eager, rtol=0, atol=0)
+
+
+def test_cuda_graph_capture_and_replay():
+    # Capturable: no host sync, allocations from torch's allocator, launch on the
+    # capturing stream. Replays see new inputs copied into the static buffers.
+    q, k, v = make_qkv(2, 128, 128, HEADS, HEADS, 128, torch.float16, seed=16)
+    require(f"sm{_dispatch.resolve_family(q.device, q.dtype)}", q.dtype, 128)
+    flashattn.flash_attn_func(q, k, v)  # warm up outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = flashattn.flash_attn_func(q, k, v, causal=True)
+    for seed in (17, 18):
+        new = make_qkv(2, 128, 128, HEADS, HEADS, 128, torch.float16, seed=seed)
+        for dst, src in zip((q, k, v), new):
+            dst.copy_(src)
+        graph.replay()
+        torch.cuda.synchronize()
+        ref, _ = reference.attention(*(t.float() for t in new), causal=True)
+        lowp, _ = reference.attention(*new, causal=True, upcast=False)
+        assert_standard("out", out, ref, lowp, FWD_FACTOR)

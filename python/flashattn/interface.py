@@ -31,10 +31,27 @@ class _FlashAttnFunction(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(q, k, v, alibi_slopes, rng_state, *args):
-        # args: dropout_p .. softcap of the op, then deterministic, family
-        *scalars, _deterministic, family = args
-        return torch.ops.flashattn.fwd(q, k, v, alibi_slopes, rng_state, *scalars, family)
+    def forward(
+        q,
+        k,
+        v,
+        alibi_slopes,
+        rng_state,
+        dropout_p,
+        softmax_scale,
+        causal,
+        window_left,
+        window_right,
+        softcap,
+        deterministic,
+        family,
+    ):
+        # Named parameters, not *args: Dynamo binds a variadic forward wrongly under no_grad.
+        del deterministic  # used by the backward only (setup_context keeps it)
+        return torch.ops.flashattn.fwd(
+            q, k, v, alibi_slopes, rng_state, dropout_p, softmax_scale, causal,
+            window_left, window_right, softcap, family,
+        )
 
     @staticmethod
     def setup_context(ctx, inputs, output):
@@ -56,9 +73,12 @@ def _aligned_for_kernels(t):
     would be misaligned: a view starting or stepping by elements not a multiple of 8
     (the storage itself is aligned by torch's allocator)."""
     steps = (stride for size, stride in zip(t.shape[:-1], t.stride()[:-1]) if size != 1)
-    if t.storage_offset() % 8 or any(stride % 8 for stride in steps):
-        return t.clone(memory_format=torch.contiguous_format)
-    return t
+    misaligned = any(stride % 8 for stride in steps)
+    # Dynamo cannot trace storage_offset(); a compiled graph with an odd offset
+    # gets the op's clear error instead of a copy.
+    if not torch.compiler.is_compiling():
+        misaligned = misaligned or t.storage_offset() % 8 != 0
+    return t.clone(memory_format=torch.contiguous_format) if misaligned else t
 
 
 def _attention(
