@@ -1,0 +1,26 @@
+// sm75 family: tile shapes per head-dim bucket, within a T4's 64 KB of shared
+// memory per CTA ((M + 2N) x d x 2 bytes).
+#pragma once
+
+#include "flashattn/arch/sm75.h"
+#include "flashattn/launch/fwd_launch.h"
+
+namespace flashattn {
+
+template <int kHeadDim> struct Sm75FwdTile;
+template <> struct Sm75FwdTile<32>  { static constexpr int kM = 128, kN = 64, kWarps = 4; };  // 16 KB
+template <> struct Sm75FwdTile<64>  { static constexpr int kM = 128, kN = 64, kWarps = 4; };  // 32 KB
+template <> struct Sm75FwdTile<96>  { static constexpr int kM = 128, kN = 64, kWarps = 4; };  // 48 KB
+template <> struct Sm75FwdTile<128> { static constexpr int kM = 128, kN = 64, kWarps = 4; };  // 64 KB
+template <> struct Sm75FwdTile<160> { static constexpr int kM = 64,  kN = 64, kWarps = 4; };  // 60 KB
+template <> struct Sm75FwdTile<192> { static constexpr int kM = 64,  kN = 32, kWarps = 4; };  // 48 KB
+template <> struct Sm75FwdTile<224> { static constexpr int kM = 64,  kN = 32, kWarps = 4; };  // 56 KB
+template <> struct Sm75FwdTile<256> { static constexpr int kM = 64,  kN = 32, kWarps = 4; };  // 64 KB
+
+template <typename Element, int kHeadDim>
+void launch_fwd_sm75(const FwdParams& params, cudaStream_t stream) {
+  using Tile = Sm75FwdTile<kHeadDim>;
+  launch_fwd_kernel<Sm75FwdTraits<Element, kHeadDim, Tile::kM, Tile::kN, Tile::kWarps>>(params, stream);
+}
+
+}  // namespace flashattn
