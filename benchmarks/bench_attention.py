@@ -138,6 +138,10 @@ def build_parser():
                    help="comma list, 'k' suffix allowed; default 512,1k,2k,4k,8k,16k "
                         "(1k,4k with --quick); batch = 16384 // seqlen")
     p.add_argument("--causal", choices=("both", "true", "false"), default="both")
+    p.add_argument("--gqa", type=int, default=1,
+                   help="query heads per key/value head (h_k = heads // GQA); SDPA backends "
+                        "get K/V expanded with repeat_interleave inside the timed region "
+                        "(their gradients summed back by autograd), as a user would call them")
     p.add_argument("--family", choices=("auto", "sm70", "sm75", "sm80"), default="auto",
                    help="flashattn kernel family (auto: the device's); must be in the build")
     p.add_argument("--impls", type=_impl_list, default=list(IMPLS),
@@ -171,6 +175,8 @@ def resolve_args(args):
     for d in args.hdim:
         if d <= 0 or d > MODEL_DIM:
             raise SystemExit(f"bench_attention.py: --hdim {d} out of range")
+    if args.gqa < 1 or any((MODEL_DIM // d) % args.gqa for d in args.hdim):
+        raise SystemExit(f"bench_attention.py: --gqa {args.gqa} must divide every heads count")
     for s in args.seqlen:
         if s <= 0:
             raise SystemExit(f"bench_attention.py: --seqlen {s} out of range")
@@ -255,6 +261,7 @@ def collect_meta(torch, args, fa_mod, fa_info, fa_err):
         "flops": "fwd 4*b*h*s_q*s_k*d (x0.5 causal); bwd 2.5x fwd; fwd_bwd 3.5x fwd",
         "grid": f"batch = {TOKENS} // seqlen, heads = {MODEL_DIM} // hdim",
         "impls": args.impls,
+        "gqa": args.gqa,
         "layouts": {"flashattn": "(b, s, h, d) contiguous", "sdpa": "(b, h, s, d) contiguous"},
         "peak_mem": "max_memory_allocated over one call (fwd, or fwd+bwd) minus what was "
                     "allocated before the implementation's inputs were made: inputs, grads, "
@@ -283,7 +290,7 @@ def _context_alive(torch):
         return False
 
 
-def make_runner(torch, impl, base, mode, causal, family):
+def make_runner(torch, impl, base, mode, causal, family, gqa=1):
     """Inputs in the implementation's native layout, and the callable to time.
 
     base: dict of (b, s, h, d) tensors q, k, v, g made once per shape.
@@ -312,8 +319,9 @@ def make_runner(torch, impl, base, mode, causal, family):
         g = base["g"].transpose(1, 2).contiguous() if bwd else None
 
         def fwd():
+            kk, vv = (k, v) if gqa == 1 else (t.repeat_interleave(gqa, dim=1) for t in (k, v))
             with sdpa_kernel([backend]):
-                return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+                return F.scaled_dot_product_attention(q, kk, vv, is_causal=causal)
 
         def to_bhsd(o):
             return o
@@ -329,7 +337,7 @@ def make_runner(torch, impl, base, mode, causal, family):
     return fwd_bwd, [q, k, v], to_bhsd
 
 
-def bench_one(torch, do_bench, impl, base, mode, causal, family, flops):
+def bench_one(torch, do_bench, impl, base, mode, causal, family, flops, gqa=1):
     """Returns (result dict, forward output in (b, h, s, d) or None)."""
     res = {"tflops": None, "ms": None, "peak_mem_bytes": None, "error": None}
     out_ref = None
@@ -338,7 +346,7 @@ def bench_one(torch, do_bench, impl, base, mode, causal, family, flops):
         torch.cuda.synchronize()
         before = torch.cuda.memory_allocated()
         torch.cuda.reset_peak_memory_stats()
-        fn, leaves, to_bhsd = make_runner(torch, impl, base, mode, causal, family)
+        fn, leaves, to_bhsd = make_runner(torch, impl, base, mode, causal, family, gqa)
         # First call: surfaces "unsupported" errors and warms up (a backend's first
         # call may allocate one-time state); the second measures peak memory.
         out = fn()
@@ -582,13 +590,15 @@ def run_config(torch, do_bench, args, run_order, mode, causal, dname, dtype, hdi
     batch, heads = grid_shape(seqlen, hdim)
     flops = attn_flops(batch, heads, seqlen, seqlen, hdim, causal, mode)
     row = {"mode": mode, "causal": causal, "dtype": dname, "hdim": hdim, "seqlen": seqlen,
-           "batch": batch, "heads": heads, "flops": flops, "results": {}}
+           "batch": batch, "heads": heads, "heads_k": heads // args.gqa, "flops": flops,
+           "results": {}}
     base = {}
     try:
         gen = torch.Generator(device="cuda").manual_seed(1000003 * hdim + seqlen)
-        shape = (batch, seqlen, heads, hdim)
         for n in ("q", "k", "v") + (("g",) if mode == "fwd_bwd" else ()):
-            base[n] = torch.randn(shape, device="cuda", dtype=dtype, generator=gen)
+            h = heads // args.gqa if n in "kv" else heads
+            base[n] = torch.randn((batch, seqlen, h, hdim), device="cuda", dtype=dtype,
+                                  generator=gen)
     except torch.cuda.OutOfMemoryError as e:
         base.clear()
         torch.cuda.empty_cache()
@@ -603,7 +613,8 @@ def run_config(torch, do_bench, args, run_order, mode, causal, dname, dtype, hdi
             row["results"][impl] = {"tflops": None, "ms": None, "peak_mem_bytes": None,
                                     "error": f"not importable: {fa_err}"}
             continue
-        res, out = bench_one(torch, do_bench, impl, base, mode, causal, args.family, flops)
+        res, out = bench_one(torch, do_bench, impl, base, mode, causal, args.family, flops,
+                             args.gqa)
         row["results"][impl] = res
         if out is None:
             continue

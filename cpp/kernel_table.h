@@ -18,6 +18,16 @@ struct FwdKernelEntry {
   FwdKernelFn fn;
 };
 
+using BwdKernelFn = void (*)(const BwdParams&, cudaStream_t);
+
+struct BwdKernelEntry {
+  int family;
+  const char* dtype;
+  int head_dim;  // bucket; also the row length of the dq accumulator
+  BwdKernelFn fn;
+};
+
 const std::vector<FwdKernelEntry>& fwd_kernel_table();
+const std::vector<BwdKernelEntry>& bwd_kernel_table();
 
 }  // namespace flashattn

@@ -118,10 +118,30 @@ struct Options {
   int64_t family;
 };
 
+// The kernel of the table for (family, dtype, head dim): the smallest head-dim
+// bucket that holds d. `what` names the pass in the error.
+template <typename Entry>
+const Entry& find_kernel(const std::vector<Entry>& table, int family, ScalarType dt, int64_t d,
+                         const char* what) {
+  const char* dtype = dt == ScalarType::Half ? "fp16" : "bf16";
+  const Entry* found = nullptr;
+  std::string built;
+  for (const auto& e : table) {
+    if (e.family != family || std::string(e.dtype) != dtype) continue;
+    built += " " + std::to_string(e.head_dim);
+    if (e.head_dim >= d && (found == nullptr || e.head_dim < found->head_dim)) found = &e;
+  }
+  FA_CHECK(found != nullptr, "this build has no ", what, " kernel for family sm", family, ", ",
+           dtype, ", head dim ", d, " (built head-dim buckets for it:",
+           built.empty() ? " none" : built, "); rebuild with FLASHATTN_FAMILIES / "
+           "FLASHATTN_DTYPES / FLASHATTN_HEAD_DIMS covering it");
+  return *found;
+}
+
 // Checks q/k/v and the options, fills the forward params (pointers to out and
-// lse are set by the caller). Returns the kernel to run.
-FwdKernelFn prepare_fwd(const Tensor& q, const Tensor& k, const Tensor& v, const Options& o,
-                        FwdParams& p) {
+// lse are set by the caller). Returns the kernel family to run.
+int prepare_fwd(const Tensor& q, const Tensor& k, const Tensor& v, const Options& o,
+                FwdParams& p) {
   FA_CHECK(q.is_cuda(), "q is not a CUDA tensor");
   const ScalarType dt = q.scalar_type();
   FA_CHECK(dt == ScalarType::Half || dt == ScalarType::BFloat16, "q has dtype ", dtype_name(dt),
@@ -165,24 +185,8 @@ FwdKernelFn prepare_fwd(const Tensor& q, const Tensor& k, const Tensor& v, const
            "; use 0 (auto), 70, 75 or 80");
   FA_CHECK(family <= cc, "family sm", family, " cannot run on this GPU (compute capability ",
            cc / 10, ".", cc % 10, ")");
-  const char* dtype = dt == ScalarType::Half ? "fp16" : "bf16";
   FA_CHECK(!(family < 80 && dt == ScalarType::BFloat16), "bf16 needs sm_80 tensor cores; the sm",
            family, " family takes fp16 (cast with .half())");
-
-  FwdKernelFn fn = nullptr;
-  int bucket = 0;
-  std::string built;
-  for (const auto& e : fwd_kernel_table()) {
-    if (e.family != family || std::string(e.dtype) != dtype) continue;
-    built += " " + std::to_string(e.head_dim);
-    if (e.head_dim >= d && (fn == nullptr || e.head_dim < bucket)) {
-      fn = e.fn;
-      bucket = e.head_dim;
-    }
-  }
-  FA_CHECK(fn != nullptr, "this build has no forward kernel for family sm", family, ", ", dtype,
-           ", head dim ", d, " (built head-dim buckets for it:", built.empty() ? " none" : built,
-           "); rebuild with FLASHATTN_FAMILIES / FLASHATTN_DTYPES / FLASHATTN_HEAD_DIMS covering it");
 
   p.q = q.data_ptr();
   p.k = k.data_ptr();
@@ -228,25 +232,32 @@ FwdKernelFn prepare_fwd(const Tensor& q, const Tensor& k, const Tensor& v, const
   int sms = 0;
   cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
   p.num_sms = sms;
-  return fn;
+  return family;
 }
 
-void check_out(const Tensor& out, const Tensor& q) {
-  check_cuda_tensor(out, "out", q);
-  FA_CHECK(out.dim() == 4 && out.size(0) == q.size(0) && out.size(1) == q.size(1) &&
-               out.size(2) == q.size(2) && out.size(3) == q.size(3),
-           "out has shape ", shape_str(out), " but q has ", shape_str(q), "; they must match");
-  FA_CHECK(out.scalar_type() == q.scalar_type(), "out has dtype ", dtype_name(out.scalar_type()),
-           " but q has ", dtype_name(q.scalar_type()));
-  FA_CHECK(out.stride(3) == 1, "out has a non-contiguous last dim; pass a tensor whose last dim "
+// An output (or a tensor shaped like one) `t` that must match `like` in shape and dtype.
+void check_like(const Tensor& t, const char* name, const Tensor& like, const char* like_name,
+                const Tensor& q) {
+  check_cuda_tensor(t, name, q);
+  FA_CHECK(t.dim() == 4 && t.size(0) == like.size(0) && t.size(1) == like.size(1) &&
+               t.size(2) == like.size(2) && t.size(3) == like.size(3),
+           name, " has shape ", shape_str(t), " but ", like_name, " has ", shape_str(like),
+           "; they must match");
+  FA_CHECK(t.scalar_type() == like.scalar_type(), name, " has dtype ",
+           dtype_name(t.scalar_type()), " but ", like_name, " has ",
+           dtype_name(like.scalar_type()));
+  FA_CHECK(t.stride(3) == 1, name, " has a non-contiguous last dim; pass a tensor whose last dim "
            "is contiguous");
-  check_aligned(out, "out");
+  check_aligned(t, name);
 }
+
+void check_out(const Tensor& out, const Tensor& q) { check_like(out, "out", q, "q", q); }
 
 Tensor run_fwd(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
                const Options& o) {
   FwdParams p;
-  FwdKernelFn fn = prepare_fwd(q, k, v, o, p);
+  const int family = prepare_fwd(q, k, v, o, p);
+  FwdKernelFn fn = find_kernel(fwd_kernel_table(), family, q.scalar_type(), q.size(3), "forward").fn;
   check_out(out, q);
   torch::stable::accelerator::DeviceGuard guard(q.get_device_index());
   Tensor lse = torch::stable::empty({q.size(0), q.size(2), q.size(1)}, ScalarType::Float,
@@ -286,18 +297,65 @@ Tensor fwd_out(Tensor q, Tensor k, Tensor v, Tensor out, std::optional<Tensor> a
 }
 
 void run_bwd(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
-             const Tensor& out, const Tensor& lse, const Options& o) {
-  FwdParams p;
-  prepare_fwd(q, k, v, o, p);
-  check_attn_tensor(dout, "dout", q);
+             const Tensor& out, const Tensor& lse_in, const Tensor& dq, const Tensor& dk,
+             const Tensor& dv, const Options& o, bool deterministic) {
+  BwdParams p;
+  const int family = prepare_fwd(q, k, v, o, p);
+  check_like(dout, "dout", q, "q", q);
   check_out(out, q);
-  FA_CHECK(dout.size(0) == q.size(0) && dout.size(1) == q.size(1) && dout.size(2) == q.size(2) &&
-               dout.size(3) == q.size(3),
-           "dout has shape ", shape_str(dout), " but q has ", shape_str(q));
-  check_cuda_tensor(lse, "softmax_lse", q);
-  FA_CHECK(lse.scalar_type() == ScalarType::Float, "softmax_lse must be float32");
-  FA_CHECK(false, "no backward kernel yet: the CUDA backward lands with the SM80 backward "
-           "issue; train on CPU tensors meanwhile (the reference implements it)");
+  check_cuda_tensor(lse_in, "softmax_lse", q);
+  FA_CHECK(lse_in.scalar_type() == ScalarType::Float, "softmax_lse has dtype ",
+           dtype_name(lse_in.scalar_type()), "; it must be torch.float32 (as fwd returns it)");
+  FA_CHECK(lse_in.dim() == 3 && lse_in.size(0) == q.size(0) && lse_in.size(1) == q.size(2) &&
+               lse_in.size(2) == q.size(1),
+           "softmax_lse has shape ", shape_str(lse_in), "; it must be (batch, heads, seqlen_q) = (",
+           q.size(0), ", ", q.size(2), ", ", q.size(1), ")");
+  check_like(dq, "dq", q, "q", q);
+  check_like(dk, "dk", k, "k", q);
+  check_like(dv, "dv", v, "v", q);
+  bool has_bwd_family = false;
+  for (const auto& e : bwd_kernel_table()) has_bwd_family |= e.family == family;
+  FA_CHECK(has_bwd_family, "the sm", family, " family has no backward kernel yet; train with "
+           "family=\"sm80\" on sm_80+ GPUs (or on CPU tensors, through the reference)");
+  const BwdKernelEntry& kernel =
+      find_kernel(bwd_kernel_table(), family, q.scalar_type(), q.size(3), "backward");
+
+  torch::stable::accelerator::DeviceGuard guard(q.get_device_index());
+  const Tensor lse = torch::stable::contiguous(lse_in);
+  const int64_t b = q.size(0), h = q.size(2), s_q = q.size(1);
+  const int64_t s_q_rounded = (s_q + kBwdSeqlenQRounding - 1) / kBwdSeqlenQRounding *
+                              kBwdSeqlenQRounding;
+  Tensor dq_accum = torch::stable::empty({b, h, s_q_rounded, kernel.head_dim}, ScalarType::Float,
+                                         std::nullopt, q.device());
+  Tensor softmax_d = torch::stable::empty({b, h, s_q_rounded}, ScalarType::Float, std::nullopt,
+                                          q.device());
+  std::optional<Tensor> semaphore;
+  if (deterministic) {
+    semaphore = torch::stable::empty({b, h, s_q_rounded / kBwdSemaphoreRows}, ScalarType::Int,
+                                     std::nullopt, q.device());
+  }
+
+  p.out = out.data_ptr();
+  p.out_batch_stride = out.stride(0), p.out_row_stride = out.stride(1),
+  p.out_head_stride = out.stride(2);
+  p.softmax_lse = static_cast<float*>(lse.data_ptr());
+  p.dout = dout.data_ptr();
+  p.dout_batch_stride = dout.stride(0), p.dout_row_stride = dout.stride(1),
+  p.dout_head_stride = dout.stride(2);
+  p.dq = dq.data_ptr();
+  p.dq_batch_stride = dq.stride(0), p.dq_row_stride = dq.stride(1), p.dq_head_stride = dq.stride(2);
+  p.dk = dk.data_ptr();
+  p.dk_batch_stride = dk.stride(0), p.dk_row_stride = dk.stride(1), p.dk_head_stride = dk.stride(2);
+  p.dv = dv.data_ptr();
+  p.dv_batch_stride = dv.stride(0), p.dv_row_stride = dv.stride(1), p.dv_head_stride = dv.stride(2);
+  p.dq_accum = static_cast<float*>(dq_accum.data_ptr());
+  p.softmax_d = static_cast<float*>(softmax_d.data_ptr());
+  p.dq_semaphore = semaphore.has_value() ? static_cast<int*>(semaphore->data_ptr()) : nullptr;
+  p.seqlen_q_rounded = static_cast<int>(s_q_rounded);
+  p.deterministic = deterministic;
+  kernel.fn(p, current_stream(q.get_device_index()));
+  const cudaError_t err = cudaGetLastError();
+  FA_CHECK(err == cudaSuccess, "backward kernel launch failed: ", cudaGetErrorString(err));
 }
 
 std::tuple<Tensor, Tensor, Tensor> bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out,
@@ -306,11 +364,18 @@ std::tuple<Tensor, Tensor, Tensor> bwd(Tensor dout, Tensor q, Tensor k, Tensor v
                                        double softmax_scale, bool causal, int64_t window_left,
                                        int64_t window_right, double softcap, bool deterministic,
                                        int64_t family) {
-  (void)deterministic;
   const Options o{alibi_slopes, rng_state, dropout_p, softmax_scale, causal,
                   window_left,  window_right, softcap, family};
-  run_bwd(dout, q, k, v, out, softmax_lse, o);
-  return std::make_tuple(q, k, v);  // unreachable: run_bwd raises until the kernel lands
+  FA_CHECK(q.is_cuda(), "q is not a CUDA tensor");
+  FA_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4,
+           "q, k, v must be 4-D (batch, seqlen, heads, head_dim)");
+  auto like = [](const Tensor& t) {
+    return torch::stable::empty({t.size(0), t.size(1), t.size(2), t.size(3)}, t.scalar_type(),
+                                std::nullopt, t.device());
+  };
+  Tensor dq = like(q), dk = like(k), dv = like(v);
+  run_bwd(dout, q, k, v, out, softmax_lse, dq, dk, dv, o, deterministic);
+  return std::make_tuple(dq, dk, dv);
 }
 
 void bwd_out(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor softmax_lse, Tensor dq,
@@ -318,10 +383,9 @@ void bwd_out(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor softm
              std::optional<Tensor> rng_state, double dropout_p, double softmax_scale, bool causal,
              int64_t window_left, int64_t window_right, double softcap, bool deterministic,
              int64_t family) {
-  (void)dq, (void)dk, (void)dv, (void)deterministic;
   const Options o{alibi_slopes, rng_state, dropout_p, softmax_scale, causal,
                   window_left,  window_right, softcap, family};
-  run_bwd(dout, q, k, v, out, softmax_lse, o);
+  run_bwd(dout, q, k, v, out, softmax_lse, dq, dk, dv, o, deterministic);
 }
 
 }  // namespace

@@ -66,8 +66,14 @@ struct BwdParams : FwdParams {
   void* __restrict__ dq = nullptr;
   void* __restrict__ dk = nullptr;
   void* __restrict__ dv = nullptr;
-  float* __restrict__ dq_accum = nullptr;     // fp32 workspace
-  float* __restrict__ softmax_d = nullptr;    // rowsum(dout * out), (b, h, s_q)
+  // Workspaces, (b, h, seqlen_q_rounded, ...) so that every query block of
+  // every kernel is whole: dq_accum fp32 (.., head-dim bucket), softmax_d fp32
+  // rowsum(dout * out), dq_semaphore int32 (.., seqlen_q_rounded / 16) counters
+  // that order the dq additions in deterministic mode (nullptr otherwise).
+  float* __restrict__ dq_accum = nullptr;
+  float* __restrict__ softmax_d = nullptr;
+  int* __restrict__ dq_semaphore = nullptr;
+  int seqlen_q_rounded = 0;  // multiple of kBwdSeqlenQRounding
 
   index_t dout_batch_stride = 0, dout_row_stride = 0, dout_head_stride = 0;
   index_t dq_batch_stride = 0, dq_row_stride = 0, dq_head_stride = 0;
@@ -76,5 +82,8 @@ struct BwdParams : FwdParams {
 
   bool deterministic = false;
 };
+
+constexpr int kBwdSeqlenQRounding = 128;  // >= every backward kBlockM
+constexpr int kBwdSemaphoreRows = 16;     // <= every backward kBlockM
 
 }  // namespace flashattn

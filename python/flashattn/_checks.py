@@ -305,3 +305,16 @@ def _check_family(family, q: torch.Tensor) -> None:
             f"family={family} forces a CUDA kernel family, but the inputs are on the CPU"
             " — pass family=0"
         )
+
+
+def aligned_for_kernels(t):
+    """t, or a contiguous copy of it when the CUDA kernels' 16-byte vector accesses
+    would be misaligned: a view starting or stepping by elements not a multiple of 8
+    (the storage itself is aligned by torch's allocator)."""
+    steps = (stride for size, stride in zip(t.shape[:-1], t.stride()[:-1]) if size != 1)
+    misaligned = any(stride % 8 for stride in steps)
+    # Dynamo cannot trace storage_offset(); a compiled graph with an odd offset
+    # gets the op's clear error instead of a copy.
+    if not torch.compiler.is_compiling():
+        misaligned = misaligned or t.storage_offset() % 8 != 0
+    return t.clone(memory_format=torch.contiguous_format) if misaligned else t

@@ -15,7 +15,7 @@ from typing import NamedTuple
 import torch
 
 from . import reference
-from ._checks import check_bwd, check_fwd
+from ._checks import aligned_for_kernels, check_bwd, check_fwd
 
 # Verbatim from docs/ops.md.
 SCHEMAS = (
@@ -196,9 +196,13 @@ def attention_backward(dout, saved, args, deterministic: bool):
     args: the forward's scalars (dropout_p, softmax_scale, causal, window_left,
     window_right, softcap, family). Shared by the op's autograd and the public API's.
     """
-    if dout.stride(-1) != 1:  # the kernels need a contiguous last dim
+    # The kernels need a contiguous last dim and 16-byte aligned rows (sum()'s
+    # gradient, for one, is an expanded tensor with stride 0).
+    if dout.stride(-1) != 1:
         dout = dout.contiguous()
     q, k, v, out, lse, alibi_slopes, rng_state = saved
+    if q.device.type == "cuda":
+        dout = aligned_for_kernels(dout)
     *scalars, family = args
     return torch.ops.flashattn.bwd(
         dout, q, k, v, out, lse, alibi_slopes, rng_state, *scalars, deterministic, family

@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from . import _dispatch, _ops
 from ._checks import (
     HEAD_DIM_MULTIPLE,
+    aligned_for_kernels,
     check_fwd,
     check_packed,
     check_window_size,
@@ -68,19 +69,6 @@ class _FlashAttnFunction(torch.autograd.Function):
         return (dq, dk, dv) + (None,) * 10
 
 
-def _aligned_for_kernels(t):
-    """t, or a contiguous copy of it when the CUDA kernels' 16-byte vector accesses
-    would be misaligned: a view starting or stepping by elements not a multiple of 8
-    (the storage itself is aligned by torch's allocator)."""
-    steps = (stride for size, stride in zip(t.shape[:-1], t.stride()[:-1]) if size != 1)
-    misaligned = any(stride % 8 for stride in steps)
-    # Dynamo cannot trace storage_offset(); a compiled graph with an odd offset
-    # gets the op's clear error instead of a copy.
-    if not torch.compiler.is_compiling():
-        misaligned = misaligned or t.storage_offset() % 8 != 0
-    return t.clone(memory_format=torch.contiguous_format) if misaligned else t
-
-
 def _attention(
     q,
     k,
@@ -127,7 +115,7 @@ def _attention(
     if pad:
         q, k, v = (F.pad(t, (0, pad)) for t in (q, k, v))
     elif family:
-        q, k, v = (_aligned_for_kernels(t) for t in (q, k, v))
+        q, k, v = (aligned_for_kernels(t) for t in (q, k, v))
     out, lse = _FlashAttnFunction.apply(
         q,
         k,

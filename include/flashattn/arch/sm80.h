@@ -95,4 +95,78 @@ struct Sm80FwdTraits : Sm80AccumulatorLayout {
   using SmemCopyAtomO = Copy_Atom<AutoVectorizingCopyWithAssumedAlignment<128>, Element>;
 };
 
+// Backward traits. The key-stationary backward runs three products with
+// different output shapes, each with its own warp layout (kAtom* warps along
+// the output's rows, the rest along its columns):
+//   S = Q.K^T and dP = dO.V^T   (M x N)   warps kAtomMSdP x (W / kAtomMSdP)
+//   dV += P^T.dO, dK += dS^T.Q  (N x D)   warps kAtomNdKV x (W / kAtomNdKV)
+//   dQ = dS.K                   (M x D)   warps kAtomMdQ  x (W / kAtomMdQ)
+// P and dS go through shared memory, where the dV/dK products read them
+// transposed. With kDoubleBufferQ the next Q block loads while this one is in use.
+template <typename Element_, int kHeadDim_, int kBlockM_, int kBlockN_, int kNWarps_, int kAtomMSdP,
+          int kAtomNdKV, int kAtomMdQ, bool kDoubleBufferQ_>
+struct Sm80BwdTraits : Sm80AccumulatorLayout {
+  using Element = Element_;
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kBlockM = kBlockM_;
+  static constexpr int kBlockN = kBlockN_;
+  static constexpr int kNWarps = kNWarps_;
+  static constexpr int kNThreads = kNWarps * 32;
+  static constexpr bool kDoubleBufferQ = kDoubleBufferQ_;
+
+  // Each warp owns 16 x 16 of the output per tile: the ldmatrix x4 shape.
+  template <int kWarpRows>
+  using WarpTiledMma = TiledMMA<typename Sm80MmaAtom<Element>::type,
+                                Layout<Shape<Int<kWarpRows>, Int<kNWarps / kWarpRows>, _1>>,
+                                Tile<Int<16 * kWarpRows>, Int<16 * (kNWarps / kWarpRows)>, _16>>;
+  using TiledMmaSdP = WarpTiledMma<kAtomMSdP>;
+  using TiledMmadKV = WarpTiledMma<kAtomNdKV>;
+  using TiledMmadQ = WarpTiledMma<kAtomMdQ>;
+  static_assert(kBlockM % (16 * kAtomMSdP) == 0 && kBlockN % (16 * (kNWarps / kAtomMSdP)) == 0);
+  static_assert(kBlockN % (16 * kAtomNdKV) == 0 && kHeadDim % (16 * (kNWarps / kAtomNdKV)) == 0);
+  static_assert(kBlockM % (16 * kAtomMdQ) == 0 && kHeadDim % (16 * (kNWarps / kAtomMdQ)) == 0);
+
+  static constexpr int kBlockKSmem = kHeadDim % 64 == 0 ? 64 : 32;
+  static constexpr int kSwizzle = kBlockKSmem == 32 ? 2 : 3;
+  using SmemLayoutAtom = decltype(composition(
+      Swizzle<kSwizzle, 3, 3>{}, Layout<Shape<_8, Int<kBlockKSmem>>, Stride<Int<kBlockKSmem>, _1>>{}));
+  using SmemLayoutQdO = decltype(tile_to_shape(SmemLayoutAtom{}, Shape<Int<kBlockM>, Int<kHeadDim>>{}));
+  using SmemLayoutKV = decltype(tile_to_shape(SmemLayoutAtom{}, Shape<Int<kBlockN>, Int<kHeadDim>>{}));
+  // Transposed views, read with ldmatrix.trans: Q^T, dO^T (D x M), K^T (D x N).
+  using SmemLayoutQdOt = decltype(composition(
+      SmemLayoutQdO{}, make_layout(Shape<Int<kHeadDim>, Int<kBlockM>>{}, GenRowMajor{})));
+  using SmemLayoutQdOtNoSwizzle = decltype(get_nonswizzle_portion(SmemLayoutQdOt{}));
+  using SmemLayoutKt = decltype(composition(
+      SmemLayoutKV{}, make_layout(Shape<Int<kHeadDim>, Int<kBlockN>>{}, GenRowMajor{})));
+  using SmemLayoutKtNoSwizzle = decltype(get_nonswizzle_portion(SmemLayoutKt{}));
+  // P and dS (M x N) and their transposes (N x M).
+  static constexpr int kPdSCols = kBlockN % 64 == 0 ? 64 : 32;
+  using SmemLayoutAtomPdS = decltype(composition(
+      Swizzle<kPdSCols == 32 ? 2 : 3, 3, 3>{}, Layout<Shape<_8, Int<kPdSCols>>, Stride<Int<kPdSCols>, _1>>{}));
+  using SmemLayoutPdS = decltype(tile_to_shape(SmemLayoutAtomPdS{}, Shape<Int<kBlockM>, Int<kBlockN>>{}));
+  using SmemLayoutPdSt = decltype(composition(
+      SmemLayoutPdS{}, make_layout(Shape<Int<kBlockN>, Int<kBlockM>>{}, GenRowMajor{})));
+  using SmemLayoutPdStNoSwizzle = decltype(get_nonswizzle_portion(SmemLayoutPdSt{}));
+
+  static constexpr int kSmemQSize = int(size(SmemLayoutQdO{})) * (kDoubleBufferQ ? 2 : 1);
+  static constexpr int kSmemSize =
+      (kSmemQSize + int(size(SmemLayoutQdO{})) + 2 * int(size(SmemLayoutKV{})) +
+       2 * int(size(SmemLayoutPdS{}))) * int(sizeof(Element));
+
+  static constexpr int kGmemElemsPerLoad = int(sizeof(uint128_t) / sizeof(Element));
+  static constexpr int kGmemThreadsPerRow = kBlockKSmem / kGmemElemsPerLoad;
+  using GmemLayoutAtom = Layout<Shape<Int<kNThreads / kGmemThreadsPerRow>, Int<kGmemThreadsPerRow>>,
+                                Stride<Int<kGmemThreadsPerRow>, _1>>;
+  static_assert(kBlockM % (kNThreads / kGmemThreadsPerRow) == 0 &&
+                kBlockN % (kNThreads / kGmemThreadsPerRow) == 0, "tile smaller than one copy pass");
+  using GmemTiledCopyQKV = decltype(make_tiled_copy(
+      Copy_Atom<SM80_CP_ASYNC_CACHEGLOBAL<uint128_t>, Element>{}, GmemLayoutAtom{}, Layout<Shape<_1, _8>>{}));
+  using GmemTiledCopyO = decltype(make_tiled_copy(
+      Copy_Atom<UniversalCopy<uint128_t>, Element>{}, GmemLayoutAtom{}, Layout<Shape<_1, _8>>{}));
+
+  using SmemCopyAtom = Copy_Atom<SM75_U32x4_LDSM_N, Element>;
+  using SmemCopyAtomTransposed = Copy_Atom<SM75_U16x8_LDSM_T, Element>;
+  using SmemCopyAtomO = Copy_Atom<AutoVectorizingCopyWithAssumedAlignment<128>, Element>;
+};
+
 }  // namespace flashattn

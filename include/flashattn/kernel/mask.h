@@ -29,6 +29,26 @@ struct AttentionMask {
     n_begin = int(col_begin / block_n);
   }
 
+  // Query blocks [m_begin, m_end) whose key_block_range() holds key block
+  // n0 / block_n: its exact inverse, so that the backward's key-stationary CTAs
+  // visit exactly the (query, key) tiles the forward computed.
+  __device__ void query_block_range(int n0, int block_n, int block_m, int& m_begin, int& m_end) const {
+    int64_t lo = 0, hi = (int64_t(seqlen_q) + block_m - 1) / block_m;
+    if (window_right >= 0) {
+      // n < n_end  <=>  last_row >= n0 - diag - window_right, last_row = min(m0 + bm, s_q) - 1
+      const int64_t t = int64_t(n0) - diag_offset - window_right;
+      if (t > int64_t(seqlen_q) - 1) hi = 0;
+      lo = t <= 0 ? 0 : t / block_m;
+    }
+    if (window_left >= 0) {
+      // n >= n_begin  <=>  m0 + diag - window_left < n0 + block_n
+      const int64_t u = int64_t(n0) + block_n - diag_offset + window_left;
+      hi = min(hi, u <= 0 ? int64_t(0) : (u + block_m - 1) / block_m);
+    }
+    m_begin = int(lo);
+    m_end = int(max(lo, hi));
+  }
+
   // True when some element of the tile (rows m0.., columns n0..) is masked.
   __device__ bool tile_needs_mask(int m0, int block_m, int n0, int block_n) const {
     if (n0 + block_n > seqlen_k) return true;

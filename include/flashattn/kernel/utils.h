@@ -93,6 +93,18 @@ __device__ __forceinline__ float lane_allreduce(float x, Op op) {
   return x;
 }
 
+// Fire-and-forget fp32 additions of two adjacent values (p 8-byte aligned):
+// one vector reduction on sm_90, two scalar ones before. Inline PTX, because
+// atomicAdd can compile to a returning atomic that waits for its result.
+__device__ __forceinline__ void atomic_add_pair(float* p, float a, float b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("red.global.add.v2.f32 [%0], {%1, %2};" ::"l"(p), "f"(a), "f"(b) : "memory");
+#else
+  asm volatile("red.global.add.f32 [%0], %1;" ::"l"(p), "f"(a) : "memory");
+  asm volatile("red.global.add.f32 [%0], %1;" ::"l"(p + 1), "f"(b) : "memory");
+#endif
+}
+
 // tanh through one exp2 and one reciprocal: accurate to a few ulp of 1 (unlike
 // tanh.approx) and lighter on registers than tanhf. Saturates to +-1.
 __device__ __forceinline__ float tanh_exp2(float x) {

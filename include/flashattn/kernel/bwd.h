@@ -1,0 +1,439 @@
+// The FlashAttention-2 backward pass, written once for every kernel family.
+//
+//   1. bwd_preprocess_kernel: D = rowsum(dO * O) per query row (fp32); zeroes
+//      the fp32 dQ accumulator and, in deterministic mode, its semaphores.
+//   2. bwd_kernel: one CTA per (key block, kv head, batch) keeps K, V and the
+//      dK, dV accumulators on chip and walks every query block of every query
+//      head of its GQA group that sees its keys, recomputing P from Q, K and the
+//      forward's lse:
+//        S = Q K^T, P = exp(S * scale - lse), dP = dO V^T, dS = P (dP - D),
+//        dV += P^T dO, dK += dS^T Q, dQ += dS K (fp32 atomics into dq_accum).
+//      dK and dV come out at (b, s_k, h_k, d): GQA groups are summed on chip.
+//   3. bwd_convert_dq_kernel: dq = dq_accum * softmax_scale in the input dtype.
+#pragma once
+
+#include <cute/tensor.hpp>
+#include <cutlass/array.h>
+
+#include "flashattn/kernel/mask.h"
+#include "flashattn/kernel/utils.h"
+#include "flashattn/params.h"
+
+namespace flashattn {
+
+using namespace cute;
+
+// Rows of a (b, h, seqlen_q_rounded) problem handled by the two elementwise
+// kernels: 8 threads per row, 32 rows per 256-thread CTA, grid-stride.
+struct BwdRowsIndex {
+  static constexpr int kThreads = 256, kThreadsPerRow = 8, kRows = kThreads / kThreadsPerRow;
+  __host__ __device__ static int64_t num_blocks(const BwdParams& p) {
+    return int64_t(p.batch) * p.heads * (p.seqlen_q_rounded / kRows);
+  }
+};
+
+template <typename Element, int kHeadDim>
+__global__ void __launch_bounds__(BwdRowsIndex::kThreads) bwd_preprocess_kernel(const BwdParams p) {
+  using R = BwdRowsIndex;
+  const int part = threadIdx.x % R::kThreadsPerRow;
+  const int blocks_per_head = p.seqlen_q_rounded / R::kRows;
+  for (int64_t blk = blockIdx.x; blk < R::num_blocks(p); blk += gridDim.x) {
+    const int64_t bh = blk / blocks_per_head;  // batch * heads + head
+    const int row = int(blk % blocks_per_head) * R::kRows + threadIdx.x / R::kThreadsPerRow;
+    const int batch = int(bh / p.heads), head = int(bh % p.heads);
+
+    float4* acc = reinterpret_cast<float4*>(p.dq_accum + (bh * p.seqlen_q_rounded + row) * kHeadDim);
+    CUTE_UNROLL
+    for (int v = part; v < kHeadDim / 4; v += R::kThreadsPerRow) acc[v] = make_float4(0.f, 0.f, 0.f, 0.f);
+
+    float dot = 0.f;
+    if (row < p.seqlen_q) {
+      using Vec = cutlass::Array<Element, 8>;
+      const Element* o = static_cast<const Element*>(p.out) + batch * p.out_batch_stride +
+                         row * p.out_row_stride + head * p.out_head_stride;
+      const Element* d_o = static_cast<const Element*>(p.dout) + batch * p.dout_batch_stride +
+                           row * p.dout_row_stride + head * p.dout_head_stride;
+      for (int c = part * 8; c < p.head_dim; c += 8 * R::kThreadsPerRow) {
+        const Vec a = *reinterpret_cast<const Vec*>(o + c);
+        const Vec b = *reinterpret_cast<const Vec*>(d_o + c);
+        CUTE_UNROLL
+        for (int i = 0; i < 8; ++i) dot = fmaf(float(a[i]), float(b[i]), dot);
+      }
+    }
+    dot = lane_allreduce<R::kThreadsPerRow - 1>(dot, [](float a, float b) { return a + b; });
+    if (part == 0) p.softmax_d[bh * p.seqlen_q_rounded + row] = dot;
+    if (p.dq_semaphore != nullptr && threadIdx.x < R::kRows / kBwdSemaphoreRows) {
+      const int first = int(blk % blocks_per_head) * (R::kRows / kBwdSemaphoreRows);
+      p.dq_semaphore[bh * (p.seqlen_q_rounded / kBwdSemaphoreRows) + first + threadIdx.x] = 0;
+    }
+  }
+}
+
+template <typename Element, int kHeadDim>
+__global__ void __launch_bounds__(BwdRowsIndex::kThreads) bwd_convert_dq_kernel(const BwdParams p) {
+  using R = BwdRowsIndex;
+  const int part = threadIdx.x % R::kThreadsPerRow;
+  const int blocks_per_head = p.seqlen_q_rounded / R::kRows;
+  for (int64_t blk = blockIdx.x; blk < R::num_blocks(p); blk += gridDim.x) {
+    const int64_t bh = blk / blocks_per_head;
+    const int row = int(blk % blocks_per_head) * R::kRows + threadIdx.x / R::kThreadsPerRow;
+    if (row >= p.seqlen_q) continue;
+    const int batch = int(bh / p.heads), head = int(bh % p.heads);
+    const float* acc = p.dq_accum + (bh * p.seqlen_q_rounded + row) * kHeadDim;
+    Element* dq = static_cast<Element*>(p.dq) + batch * p.dq_batch_stride + row * p.dq_row_stride +
+                  head * p.dq_head_stride;
+    for (int c = part * 8; c < p.head_dim; c += 8 * R::kThreadsPerRow) {
+      const float4 lo = *reinterpret_cast<const float4*>(acc + c);
+      const float4 hi = *reinterpret_cast<const float4*>(acc + c + 4);
+      const float x[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+      cutlass::Array<Element, 8> out;
+      CUTE_UNROLL
+      for (int i = 0; i < 8; ++i) out[i] = Element(x[i] * p.softmax_scale);
+      *reinterpret_cast<cutlass::Array<Element, 8>*>(dq + c) = out;
+    }
+  }
+}
+
+// Deterministic dQ: the CTAs adding into one query block take turns in
+// key-block order. A CTA only waits for CTAs with smaller block indices, which
+// the hardware started before it, so the wait always ends.
+__device__ __forceinline__ void wait_for_turn(const int* semaphore, int turn) {
+  if (threadIdx.x == 0) {
+    int seen;
+    do {
+      asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(seen) : "l"(semaphore) : "memory");
+    } while (seen != turn);
+  }
+  __syncthreads();
+}
+
+__device__ __forceinline__ void end_turn(int* semaphore) {
+  __threadfence();  // this thread's additions are visible before the next CTA's
+  __syncthreads();
+  if (threadIdx.x == 0) atomicAdd(semaphore, 1);
+}
+
+// kScoreMods: softcap and ALiBi, as in the forward.
+template <typename Traits, bool kScoreMods>
+__global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const BwdParams params) {
+  using Element = typename Traits::Element;
+  constexpr int kBlockM = Traits::kBlockM;
+  constexpr int kBlockN = Traits::kBlockN;
+  constexpr int kHeadDim = Traits::kHeadDim;
+
+  extern __shared__ __align__(128) char smem[];
+  const int tidx = threadIdx.x;
+
+  // Key block fastest: in deterministic mode a CTA waits only for smaller ones.
+  const int num_n_blocks = (params.seqlen_k + kBlockN - 1) / kBlockN;
+  const int n_block = int(blockIdx.x % num_n_blocks);
+  const int64_t bhk = blockIdx.x / num_n_blocks;
+  const int head_k = int(bhk % params.heads_k);
+  const int batch = int(bhk / params.heads_k);
+  const int group = params.heads / params.heads_k;
+  const int head0 = head_k * group;
+  const int n0 = n_block * kBlockN;
+  const AttentionMask mask(params);
+  int m_begin, m_end;
+  mask.query_block_range(n0, kBlockN, kBlockM, m_begin, m_end);
+  const int num_m = m_end - m_begin;
+  const int num_iters = num_m * group;  // (query head, query block) pairs
+
+  auto gmem_tile = [](const void* base, index_t offset, index_t row_stride, auto rows) {
+    return make_tensor(make_gmem_ptr(static_cast<const Element*>(base) + offset),
+                       make_layout(make_shape(rows, Int<kHeadDim>{}), make_stride(row_stride, _1{})));
+  };
+  // K, V of this block; Q, dO of (head0, query block 0): the loop offsets them.
+  Tensor gK = gmem_tile(params.k, batch * params.k_batch_stride + head_k * params.k_head_stride +
+                                      n0 * params.k_row_stride, params.k_row_stride, Int<kBlockN>{});
+  Tensor gV = gmem_tile(params.v, batch * params.v_batch_stride + head_k * params.v_head_stride +
+                                      n0 * params.v_row_stride, params.v_row_stride, Int<kBlockN>{});
+  Tensor gQ = gmem_tile(params.q, batch * params.q_batch_stride + head0 * params.q_head_stride,
+                        params.q_row_stride, Int<kBlockM>{});
+  Tensor gdO = gmem_tile(params.dout, batch * params.dout_batch_stride + head0 * params.dout_head_stride,
+                         params.dout_row_stride, Int<kBlockM>{});
+  auto q_offset = [&](int head, int m_block) {
+    return (head - head0) * params.q_head_stride + index_t(m_block) * kBlockM * params.q_row_stride;
+  };
+  auto do_offset = [&](int head, int m_block) {
+    return (head - head0) * params.dout_head_stride + index_t(m_block) * kBlockM * params.dout_row_stride;
+  };
+
+  // Shared memory: Q (x2 when double-buffered), dO, K, V, P, dS.
+  Tensor sQ = make_tensor(make_smem_ptr(reinterpret_cast<Element*>(smem)), typename Traits::SmemLayoutQdO{});
+  Tensor sdO = make_tensor(sQ.data() + int(Traits::kSmemQSize), typename Traits::SmemLayoutQdO{});
+  Tensor sK = make_tensor(sdO.data() + size(sdO), typename Traits::SmemLayoutKV{});
+  Tensor sV = make_tensor(sK.data() + size(sK), typename Traits::SmemLayoutKV{});
+  Tensor sP = make_tensor(sV.data() + size(sV), typename Traits::SmemLayoutPdS{});
+  Tensor sdS = make_tensor(sP.data() + size(sP), typename Traits::SmemLayoutPdS{});
+  Tensor sQt = make_tensor(sQ.data(), typename Traits::SmemLayoutQdOt{});
+  Tensor sQtNoSwizzle = make_tensor(sQ.data().get(), typename Traits::SmemLayoutQdOtNoSwizzle{});
+  Tensor sdOt = make_tensor(sdO.data(), typename Traits::SmemLayoutQdOt{});
+  Tensor sdOtNoSwizzle = make_tensor(sdO.data().get(), typename Traits::SmemLayoutQdOtNoSwizzle{});
+  Tensor sKt = make_tensor(sK.data(), typename Traits::SmemLayoutKt{});
+  Tensor sKtNoSwizzle = make_tensor(sK.data().get(), typename Traits::SmemLayoutKtNoSwizzle{});
+  Tensor sPt = make_tensor(sP.data(), typename Traits::SmemLayoutPdSt{});
+  Tensor sPtNoSwizzle = make_tensor(sP.data().get(), typename Traits::SmemLayoutPdStNoSwizzle{});
+  Tensor sdSt = make_tensor(sdS.data(), typename Traits::SmemLayoutPdSt{});
+  Tensor sdStNoSwizzle = make_tensor(sdS.data().get(), typename Traits::SmemLayoutPdStNoSwizzle{});
+
+  // Global -> shared copies, predicated on the head dim (columns) and tails (rows).
+  typename Traits::GmemTiledCopyQKV gmem_copy;
+  auto gmem_thr = gmem_copy.get_thread_slice(tidx);
+  Tensor tQgQ = gmem_thr.partition_S(gQ);
+  Tensor tQsQ = gmem_thr.partition_D(sQ);
+  Tensor tdOgdO = gmem_thr.partition_S(gdO);
+  Tensor tdOsdO = gmem_thr.partition_D(sdO);
+  Tensor tKgK = gmem_thr.partition_S(gK);
+  Tensor tKsK = gmem_thr.partition_D(sK);
+  Tensor tVgV = gmem_thr.partition_S(gV);
+  Tensor tVsV = gmem_thr.partition_D(sV);
+  Tensor tQcQ = gmem_thr.partition_S(make_identity_tensor(Shape<Int<kBlockM>, Int<kHeadDim>>{}));
+  Tensor tKcK = gmem_thr.partition_S(make_identity_tensor(Shape<Int<kBlockN>, Int<kHeadDim>>{}));
+  Tensor tQpQ = make_tensor<bool>(make_shape(size<2>(tQsQ)));
+  Tensor tKpK = make_tensor<bool>(make_shape(size<2>(tKsK)));
+  CUTE_UNROLL
+  for (int k = 0; k < size(tQpQ); ++k) tQpQ(k) = get<1>(tQcQ(0, 0, k)) < params.head_dim;
+  CUTE_UNROLL
+  for (int k = 0; k < size(tKpK); ++k) tKpK(k) = get<1>(tKcK(0, 0, k)) < params.head_dim;
+  auto load_q = [&](int head, int m_block, int buffer) {
+    Tensor src = make_tensor(tQgQ.data() + q_offset(head, m_block), tQgQ.layout());
+    Tensor dst = make_tensor(tQsQ.data() + buffer * int(size(sQ)), tQsQ.layout());
+    copy_tile(gmem_copy, src, dst, tQcQ, tQpQ, params.seqlen_q - m_block * kBlockM);
+  };
+  auto load_do = [&](int head, int m_block) {
+    Tensor src = make_tensor(tdOgdO.data() + do_offset(head, m_block), tdOgdO.layout());
+    copy_tile(gmem_copy, src, tdOsdO, tQcQ, tQpQ, params.seqlen_q - m_block * kBlockM);
+  };
+
+  // S = Q K^T and dP = dO V^T.
+  typename Traits::TiledMmaSdP mma_sdp;
+  auto thr_sdp = mma_sdp.get_thread_slice(tidx);
+  Tensor tSrQ = thr_sdp.partition_fragment_A(sQ);
+  Tensor tSrK = thr_sdp.partition_fragment_B(sK);
+  Tensor tdPrdO = thr_sdp.partition_fragment_A(sdO);
+  Tensor tdPrV = thr_sdp.partition_fragment_B(sV);
+  auto copy_sdp_a = make_tiled_copy_A(typename Traits::SmemCopyAtom{}, mma_sdp);
+  auto copy_sdp_b = make_tiled_copy_B(typename Traits::SmemCopyAtom{}, mma_sdp);
+  Tensor tSsQ = copy_sdp_a.get_thread_slice(tidx).partition_S(sQ);
+  Tensor tdPsdO = copy_sdp_a.get_thread_slice(tidx).partition_S(sdO);
+  Tensor tSsK = copy_sdp_b.get_thread_slice(tidx).partition_S(sK);
+  Tensor tdPsV = copy_sdp_b.get_thread_slice(tidx).partition_S(sV);
+  Tensor cS = make_identity_tensor(Shape<Int<kBlockM>, Int<kBlockN>>{});
+  Tensor tScS = thr_sdp.partition_C(cS);
+  Tensor tScS0 = mma_sdp.get_thread_slice(0).partition_C(cS);
+  Tensor tScS_rc = make_tensor(tScS.data(), Traits::rowcol(tScS.layout()));
+  constexpr int kRows = decltype(size<0>(tScS_rc))::value;
+  // P and dS: accumulator -> shared memory.
+  auto copy_pds = make_tiled_copy_C(typename Traits::SmemCopyAtomO{}, mma_sdp);
+  Tensor tPsP = copy_pds.get_thread_slice(tidx).partition_D(sP);
+  Tensor tdSsdS = copy_pds.get_thread_slice(tidx).partition_D(sdS);
+
+  // dV += P^T dO and dK += dS^T Q.
+  typename Traits::TiledMmadKV mma_dkv;
+  auto thr_dkv = mma_dkv.get_thread_slice(tidx);
+  Tensor tdVrPt = thr_dkv.partition_fragment_A(sPtNoSwizzle);
+  Tensor tdVrdOt = thr_dkv.partition_fragment_B(sdOtNoSwizzle);
+  Tensor tdKrdSt = thr_dkv.partition_fragment_A(sdStNoSwizzle);
+  Tensor tdKrQt = thr_dkv.partition_fragment_B(sQtNoSwizzle);
+  auto copy_dkv_a = make_tiled_copy_A(typename Traits::SmemCopyAtomTransposed{}, mma_dkv);
+  auto copy_dkv_b = make_tiled_copy_B(typename Traits::SmemCopyAtomTransposed{}, mma_dkv);
+  Tensor tdVsPt = copy_dkv_a.get_thread_slice(tidx).partition_S(sPt);
+  Tensor tdKsdSt = copy_dkv_a.get_thread_slice(tidx).partition_S(sdSt);
+  Tensor tdVsdOt = copy_dkv_b.get_thread_slice(tidx).partition_S(sdOt);
+  Tensor tdKsQt = copy_dkv_b.get_thread_slice(tidx).partition_S(sQt);
+  Tensor acc_dk = partition_fragment_C(mma_dkv, Shape<Int<kBlockN>, Int<kHeadDim>>{});
+  Tensor acc_dv = partition_fragment_C(mma_dkv, Shape<Int<kBlockN>, Int<kHeadDim>>{});
+  clear(acc_dk);
+  clear(acc_dv);
+
+  // dQ = dS K, added into the fp32 accumulator (b, h, seqlen_q_rounded, kHeadDim):
+  // whole tiles, so no predicates (padding rows and columns receive zeros).
+  typename Traits::TiledMmadQ mma_dq;
+  auto thr_dq = mma_dq.get_thread_slice(tidx);
+  Tensor tdQrdS = thr_dq.partition_fragment_A(sdS);
+  Tensor tdQrKt = thr_dq.partition_fragment_B(sKtNoSwizzle);
+  auto copy_dq_a = make_tiled_copy_A(typename Traits::SmemCopyAtom{}, mma_dq);
+  auto copy_dq_b = make_tiled_copy_B(typename Traits::SmemCopyAtomTransposed{}, mma_dq);
+  Tensor tdQsdS = copy_dq_a.get_thread_slice(tidx).partition_S(sdS);
+  Tensor tdQsKt = copy_dq_b.get_thread_slice(tidx).partition_S(sKt);
+  auto dq_accum_tile = [&](int head, int m0) {
+    float* tile = params.dq_accum +
+                  ((int64_t(batch) * params.heads + head) * params.seqlen_q_rounded + m0) * kHeadDim;
+    return thr_dq.partition_C(make_tensor(
+        make_gmem_ptr(tile), Layout<Shape<Int<kBlockM>, Int<kHeadDim>>, Stride<Int<kHeadDim>, _1>>{}));
+  };
+
+  if (num_iters > 0) {
+    // Prologue: K, V and the first Q, dO.
+    copy_tile(gmem_copy, tKgK, tKsK, tKcK, tKpK, params.seqlen_k - n0);
+    copy_tile(gmem_copy, tVgV, tVsV, tKcK, tKpK, params.seqlen_k - n0);
+    load_q(head0, m_begin, 0);
+    load_do(head0, m_begin);
+    cp_async_fence();
+  }
+
+  const float scale_log2 = params.score_scale_log2;
+  const float softcap = params.softcap;
+  int head = head0, m_block = m_begin, q_buffer = 0;
+  for (int it = 0; it < num_iters; ++it) {
+    const int m0 = m_block * kBlockM;
+    const int next_head = m_block + 1 < m_end ? head : head + 1;
+    const int next_m_block = m_block + 1 < m_end ? m_block + 1 : m_begin;
+    const bool has_next = it + 1 < num_iters;
+    const int64_t bh = int64_t(batch) * params.heads + head;
+
+    // lse (in log2 units; +inf past the end: P = 0 there) and D of this thread's rows.
+    float lse_log2[kRows], d_row[kRows];
+    CUTE_UNROLL
+    for (int r = 0; r < kRows; ++r) {
+      const int row = m0 + get<0>(tScS_rc(r, 0));
+      const bool in = row < params.seqlen_q;
+      lse_log2[r] = in ? params.softmax_lse[bh * params.seqlen_q + row] * float(M_LOG2E) : INFINITY;
+      d_row[r] = in ? params.softmax_d[bh * params.seqlen_q_rounded + row] : 0.f;
+    }
+
+    cp_async_wait<0>();
+    __syncthreads();  // Q, dO landed; every warp is done with the last P, dS, Q
+
+    const int q_smem_offset = q_buffer * int(size(sQ));
+    Tensor acc_s = partition_fragment_C(mma_sdp, Shape<Int<kBlockM>, Int<kBlockN>>{});
+    clear(acc_s);
+    gemm_smem_smem(acc_s, tSrQ, tSrK, make_tensor(tSsQ.data() + q_smem_offset, tSsQ.layout()), tSsK,
+                   mma_sdp, copy_sdp_a, copy_sdp_b);
+    if constexpr (Traits::kDoubleBufferQ) {
+      if (has_next) {
+        load_q(next_head, next_m_block, q_buffer ^ 1);
+        cp_async_fence();
+      }
+    }
+    Tensor acc_dp = partition_fragment_C(mma_sdp, Shape<Int<kBlockM>, Int<kBlockN>>{});
+    clear(acc_dp);
+    gemm_smem_smem(acc_dp, tdPrdO, tdPrV, tdPsdO, tdPsV, mma_sdp, copy_sdp_a, copy_sdp_b);
+
+    // P = exp2(S * scale_log2 - lse_log2), masked to 0; dS = P (dP - D).
+    auto dcap = make_tensor_like(acc_s);  // d(softcap(x))/dx, kScoreMods only
+    if constexpr (kScoreMods) {
+      if (softcap > 0.f) {
+        CUTE_UNROLL
+        for (int i = 0; i < size(acc_s); ++i) {
+          const float t = tanh_exp2(acc_s(i) * params.softcap_prescale);
+          acc_s(i) = softcap * t;
+          dcap(i) = 1.f - t * t;
+        }
+      }
+      if (params.alibi_slopes != nullptr) {
+        const float slope =
+            params.alibi_slopes[batch * params.alibi_batch_stride + head] / params.score_scale;
+        mask.add_alibi(acc_s, tScS, tScS0, m0, n0, slope);
+      }
+    }
+    Tensor s_rc = make_tensor(acc_s.data(), Traits::rowcol(acc_s.layout()));
+    Tensor dp_rc = make_tensor(acc_dp.data(), Traits::rowcol(acc_dp.layout()));
+    CUTE_UNROLL
+    for (int r = 0; r < kRows; ++r) {
+      CUTE_UNROLL
+      for (int c = 0; c < size<1>(s_rc); ++c) s_rc(r, c) = fmaf(s_rc(r, c), scale_log2, -lse_log2[r]);
+    }
+    // Masked after scaling, so that a zero softmax_scale cannot turn -inf into NaN.
+    if (mask.tile_needs_mask(m0, kBlockM, n0, kBlockN)) mask.apply(acc_s, tScS, tScS0, m0, n0);
+    CUTE_UNROLL
+    for (int r = 0; r < kRows; ++r) {
+      CUTE_UNROLL
+      for (int c = 0; c < size<1>(s_rc); ++c) {
+        const float p = exp2f(s_rc(r, c));
+        s_rc(r, c) = p;
+        dp_rc(r, c) = p * (dp_rc(r, c) - d_row[r]);
+      }
+    }
+    if constexpr (kScoreMods) {
+      if (softcap > 0.f) {
+        CUTE_UNROLL
+        for (int i = 0; i < size(acc_dp); ++i) acc_dp(i) *= dcap(i);
+      }
+    }
+    Tensor rP = convert_fragment<Element>(acc_s);
+    Tensor rdS = convert_fragment<Element>(acc_dp);
+    copy(copy_pds, make_tensor(rP.data(), copy_pds.retile(rP.layout())), tPsP);
+    copy(copy_pds, make_tensor(rdS.data(), copy_pds.retile(rdS.layout())), tdSsdS);
+    __syncthreads();  // P, dS in shared memory
+
+    gemm_smem_smem(acc_dv, tdVrPt, tdVrdOt, tdVsPt, tdVsdOt, mma_dkv, copy_dkv_a, copy_dkv_b);
+    __syncthreads();  // every warp is done with dO
+    if (has_next) {
+      load_do(next_head, next_m_block);
+      cp_async_fence();
+    }
+
+    Tensor acc_dq = partition_fragment_C(mma_dq, Shape<Int<kBlockM>, Int<kHeadDim>>{});
+    clear(acc_dq);
+    gemm_smem_smem(acc_dq, tdQrdS, tdQrKt, tdQsdS, tdQsKt, mma_dq, copy_dq_a, copy_dq_b);
+    int* semaphore = params.dq_semaphore == nullptr
+                         ? nullptr
+                         : params.dq_semaphore + bh * (params.seqlen_q_rounded / kBwdSemaphoreRows) + m_block;
+    if (semaphore != nullptr) {
+      int n_first, n_last;
+      mask.key_block_range(m0, kBlockM, kBlockN, n_first, n_last);
+      wait_for_turn(semaphore, n_block - n_first);
+    }
+    Tensor tdQgdQ = dq_accum_tile(head, m0);
+    // Elements 2j and 2j + 1 of an accumulator are adjacent columns.
+    static_assert(decltype(size<0, 0>(acc_dq))::value == 2);
+    CUTE_UNROLL
+    for (int i = 0; i < size(acc_dq); i += 2) atomic_add_pair(&tdQgdQ(i), acc_dq(i), acc_dq(i + 1));
+    if (semaphore != nullptr) end_turn(semaphore);
+
+    gemm_smem_smem(acc_dk, tdKrdSt, tdKrQt, tdKsdSt,
+                   make_tensor(tdKsQt.data() + q_smem_offset, tdKsQt.layout()), mma_dkv, copy_dkv_a,
+                   copy_dkv_b);
+    if constexpr (Traits::kDoubleBufferQ) {
+      q_buffer ^= 1;
+    } else if (has_next) {
+      __syncthreads();  // every warp is done with Q
+      load_q(next_head, next_m_block, 0);
+      cp_async_fence();
+    }
+    head = next_head;
+    m_block = next_m_block;
+  }
+
+  // Epilogue: dK (scaled: S was Q K^T unscaled) and dV through shared memory
+  // (where Q and dO were) for 16-byte stores.
+  CUTE_UNROLL
+  for (int i = 0; i < size(acc_dk); ++i) acc_dk(i) *= params.softmax_scale;
+  Tensor rdK = convert_fragment<Element>(acc_dk);
+  Tensor rdV = convert_fragment<Element>(acc_dv);
+  Tensor sdK = make_tensor(sQ.data(), typename Traits::SmemLayoutKV{});
+  Tensor sdV = make_tensor(sdK.data() + size(sdK), typename Traits::SmemLayoutKV{});
+  auto copy_dkv_c = make_tiled_copy_C(typename Traits::SmemCopyAtomO{}, mma_dkv);
+  cp_async_wait<0>();
+  __syncthreads();
+  copy(copy_dkv_c, make_tensor(rdK.data(), copy_dkv_c.retile(rdK.layout())),
+       copy_dkv_c.get_thread_slice(tidx).partition_D(sdK));
+  copy(copy_dkv_c, make_tensor(rdV.data(), copy_dkv_c.retile(rdV.layout())),
+       copy_dkv_c.get_thread_slice(tidx).partition_D(sdV));
+  __syncthreads();
+
+  auto out_tile = [&](void* base, index_t offset, index_t row_stride) {
+    return make_tensor(make_gmem_ptr(static_cast<Element*>(base) + offset),
+                       make_layout(make_shape(Int<kBlockN>{}, Int<kHeadDim>{}), make_stride(row_stride, _1{})));
+  };
+  Tensor gdK = out_tile(params.dk, batch * params.dk_batch_stride + head_k * params.dk_head_stride +
+                                       n0 * params.dk_row_stride, params.dk_row_stride);
+  Tensor gdV = out_tile(params.dv, batch * params.dv_batch_stride + head_k * params.dv_head_stride +
+                                       n0 * params.dv_row_stride, params.dv_row_stride);
+  typename Traits::GmemTiledCopyO gmem_copy_o;
+  auto gmem_thr_o = gmem_copy_o.get_thread_slice(tidx);
+  Tensor tdKsdK = gmem_thr_o.partition_S(sdK);
+  Tensor tdVsdV = gmem_thr_o.partition_S(sdV);
+  Tensor tdKgdK = gmem_thr_o.partition_D(gdK);
+  Tensor tdVgdV = gmem_thr_o.partition_D(gdV);
+  Tensor tdKrdK = make_tensor<Element>(shape(tdKgdK));
+  Tensor tdVrdV = make_tensor<Element>(shape(tdVgdV));
+  copy(gmem_copy_o, tdKsdK, tdKrdK);
+  copy(gmem_copy_o, tdVsdV, tdVrdV);
+  store_tile(gmem_copy_o, tdKrdK, tdKgdK, tKcK, tKpK, params.seqlen_k - n0);
+  store_tile(gmem_copy_o, tdVrdV, tdVgdV, tKcK, tKpK, params.seqlen_k - n0);
+}
+
+}  // namespace flashattn
