@@ -142,6 +142,8 @@ def build_parser():
                    help="query heads per key/value head (h_k = heads // GQA); SDPA backends "
                         "get K/V expanded with repeat_interleave inside the timed region "
                         "(their gradients summed back by autograd), as a user would call them")
+    p.add_argument("--deterministic", action="store_true",
+                   help="flashattn's deterministic backward (SDPA backends are unaffected)")
     p.add_argument("--family", choices=("auto", "sm70", "sm75", "sm80"), default="auto",
                    help="flashattn kernel family (auto: the device's); must be in the build")
     p.add_argument("--impls", type=_impl_list, default=list(IMPLS),
@@ -262,6 +264,7 @@ def collect_meta(torch, args, fa_mod, fa_info, fa_err):
         "grid": f"batch = {TOKENS} // seqlen, heads = {MODEL_DIM} // hdim",
         "impls": args.impls,
         "gqa": args.gqa,
+        "deterministic": args.deterministic,
         "layouts": {"flashattn": "(b, s, h, d) contiguous", "sdpa": "(b, h, s, d) contiguous"},
         "peak_mem": "max_memory_allocated over one call (fwd, or fwd+bwd) minus what was "
                     "allocated before the implementation's inputs were made: inputs, grads, "
@@ -290,7 +293,7 @@ def _context_alive(torch):
         return False
 
 
-def make_runner(torch, impl, base, mode, causal, family, gqa=1):
+def make_runner(torch, impl, base, mode, causal, family, gqa=1, deterministic=False):
     """Inputs in the implementation's native layout, and the callable to time.
 
     base: dict of (b, s, h, d) tensors q, k, v, g made once per shape.
@@ -301,7 +304,7 @@ def make_runner(torch, impl, base, mode, causal, family, gqa=1):
         import flashattn
         q, k, v = (base[n].clone().requires_grad_(bwd) for n in "qkv")
         g = base["g"].clone() if bwd else None
-        kwargs = {"causal": causal}
+        kwargs = {"causal": causal, "deterministic": deterministic}
         if family != "auto":
             kwargs["family"] = family
 
@@ -337,7 +340,8 @@ def make_runner(torch, impl, base, mode, causal, family, gqa=1):
     return fwd_bwd, [q, k, v], to_bhsd
 
 
-def bench_one(torch, do_bench, impl, base, mode, causal, family, flops, gqa=1):
+def bench_one(torch, do_bench, impl, base, mode, causal, family, flops, gqa=1,
+              deterministic=False):
     """Returns (result dict, forward output in (b, h, s, d) or None)."""
     res = {"tflops": None, "ms": None, "peak_mem_bytes": None, "error": None}
     out_ref = None
@@ -346,7 +350,8 @@ def bench_one(torch, do_bench, impl, base, mode, causal, family, flops, gqa=1):
         torch.cuda.synchronize()
         before = torch.cuda.memory_allocated()
         torch.cuda.reset_peak_memory_stats()
-        fn, leaves, to_bhsd = make_runner(torch, impl, base, mode, causal, family, gqa)
+        fn, leaves, to_bhsd = make_runner(torch, impl, base, mode, causal, family, gqa,
+                                          deterministic)
         # First call: surfaces "unsupported" errors and warms up (a backend's first
         # call may allocate one-time state); the second measures peak memory.
         out = fn()
@@ -614,7 +619,7 @@ def run_config(torch, do_bench, args, run_order, mode, causal, dname, dtype, hdi
                                     "error": f"not importable: {fa_err}"}
             continue
         res, out = bench_one(torch, do_bench, impl, base, mode, causal, args.family, flops,
-                             args.gqa)
+                             args.gqa, args.deterministic)
         row["results"][impl] = res
         if out is None:
             continue

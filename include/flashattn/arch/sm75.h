@@ -10,6 +10,7 @@ namespace flashattn {
 template <typename Element_, int kHeadDim_, int kBlockM_, int kBlockN_, int kNWarps_>
 struct Sm75FwdTraits : Sm80FwdTraits<Element_, kHeadDim_, kBlockM_, kBlockN_, kNWarps_> {
   using Base = Sm80FwdTraits<Element_, kHeadDim_, kBlockM_, kBlockN_, kNWarps_>;
+  static constexpr const char* kFamily = "sm75";
   using Element = Element_;
   static_assert(std::is_same_v<Element, cutlass::half_t>, "Turing tensor cores take fp16 only");
   static_assert(Base::kSmemSize <= 64 * 1024, "a Turing CTA has at most 64 KB of shared memory");
@@ -29,6 +30,7 @@ struct Sm75FwdTraits : Sm80FwdTraits<Element_, kHeadDim_, kBlockM_, kBlockN_, kN
   using SmemCopyAtom = Copy_Atom<SM75_U32x2_LDSM_N, Element>;
   using SmemCopyAtomTransposed = Copy_Atom<SM75_U16x4_LDSM_T, Element>;
   // No cp.async: 16-byte loads into registers, then 16-byte shared stores.
+  static constexpr bool kCopyZeroFills = false;
   using GmemTiledCopyQKV = decltype(make_tiled_copy(Copy_Atom<UniversalCopy<uint128_t>, Element>{},
                                                     typename Base::GmemLayoutAtom{}, Layout<Shape<_1, _8>>{}));
 };

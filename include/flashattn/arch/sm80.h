@@ -48,6 +48,7 @@ struct Sm80AccumulatorLayout {
 
 template <typename Element_, int kHeadDim_, int kBlockM_, int kBlockN_, int kNWarps_>
 struct Sm80FwdTraits : Sm80AccumulatorLayout {
+  static constexpr const char* kFamily = "sm80";
   using Element = Element_;
   static constexpr int kHeadDim = kHeadDim_;  // bucket; the real head dim is predicated
   static constexpr int kBlockM = kBlockM_;
@@ -83,8 +84,10 @@ struct Sm80FwdTraits : Sm80AccumulatorLayout {
   using GmemLayoutAtom = Layout<Shape<Int<kNThreads / kGmemThreadsPerRow>, Int<kGmemThreadsPerRow>>,
                                 Stride<Int<kGmemThreadsPerRow>, _1>>;
   static_assert(kBlockN % (kNThreads / kGmemThreadsPerRow) == 0, "K/V tile smaller than one copy pass");
+  // cp.async that zero-fills rows and columns outside the tensor by itself.
+  static constexpr bool kCopyZeroFills = true;
   using GmemTiledCopyQKV = decltype(make_tiled_copy(
-      Copy_Atom<SM80_CP_ASYNC_CACHEGLOBAL<uint128_t>, Element>{}, GmemLayoutAtom{}, Layout<Shape<_1, _8>>{}));
+      Copy_Atom<SM80_CP_ASYNC_CACHEGLOBAL_ZFILL<uint128_t>, Element>{}, GmemLayoutAtom{}, Layout<Shape<_1, _8>>{}));
   // Shared -> global for the output: 16-byte stores.
   using GmemTiledCopyO = decltype(make_tiled_copy(
       Copy_Atom<UniversalCopy<uint128_t>, Element>{}, GmemLayoutAtom{}, Layout<Shape<_1, _8>>{}));
@@ -106,6 +109,7 @@ struct Sm80FwdTraits : Sm80AccumulatorLayout {
 template <typename Element_, int kHeadDim_, int kBlockM_, int kBlockN_, int kNWarps_, int kAtomMSdP,
           int kAtomNdKV, int kAtomMdQ, bool kDoubleBufferQ_>
 struct Sm80BwdTraits : Sm80AccumulatorLayout {
+  static constexpr const char* kFamily = "sm80";
   using Element = Element_;
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kBlockM = kBlockM_;
@@ -159,8 +163,10 @@ struct Sm80BwdTraits : Sm80AccumulatorLayout {
                                 Stride<Int<kGmemThreadsPerRow>, _1>>;
   static_assert(kBlockM % (kNThreads / kGmemThreadsPerRow) == 0 &&
                 kBlockN % (kNThreads / kGmemThreadsPerRow) == 0, "tile smaller than one copy pass");
+  // cp.async that zero-fills rows and columns outside the tensor by itself.
+  static constexpr bool kCopyZeroFills = true;
   using GmemTiledCopyQKV = decltype(make_tiled_copy(
-      Copy_Atom<SM80_CP_ASYNC_CACHEGLOBAL<uint128_t>, Element>{}, GmemLayoutAtom{}, Layout<Shape<_1, _8>>{}));
+      Copy_Atom<SM80_CP_ASYNC_CACHEGLOBAL_ZFILL<uint128_t>, Element>{}, GmemLayoutAtom{}, Layout<Shape<_1, _8>>{}));
   using GmemTiledCopyO = decltype(make_tiled_copy(
       Copy_Atom<UniversalCopy<uint128_t>, Element>{}, GmemLayoutAtom{}, Layout<Shape<_1, _8>>{}));
 

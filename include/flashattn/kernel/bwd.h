@@ -69,29 +69,48 @@ __global__ void __launch_bounds__(BwdRowsIndex::kThreads) bwd_preprocess_kernel(
   }
 }
 
-template <typename Element, int kHeadDim>
-__global__ void __launch_bounds__(BwdRowsIndex::kThreads) bwd_convert_dq_kernel(const BwdParams p) {
-  using R = BwdRowsIndex;
-  const int part = threadIdx.x % R::kThreadsPerRow;
-  const int blocks_per_head = p.seqlen_q_rounded / R::kRows;
-  for (int64_t blk = blockIdx.x; blk < R::num_blocks(p); blk += gridDim.x) {
-    const int64_t bh = blk / blocks_per_head;
-    const int row = int(blk % blocks_per_head) * R::kRows + threadIdx.x / R::kThreadsPerRow;
-    if (row >= p.seqlen_q) continue;
-    const int batch = int(bh / p.heads), head = int(bh % p.heads);
-    const float* acc = p.dq_accum + (bh * p.seqlen_q_rounded + row) * kHeadDim;
-    Element* dq = static_cast<Element*>(p.dq) + batch * p.dq_batch_stride + row * p.dq_row_stride +
-                  head * p.dq_head_stride;
-    for (int c = part * 8; c < p.head_dim; c += 8 * R::kThreadsPerRow) {
-      const float4 lo = *reinterpret_cast<const float4*>(acc + c);
-      const float4 hi = *reinterpret_cast<const float4*>(acc + c + 4);
-      const float x[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
-      cutlass::Array<Element, 8> out;
-      CUTE_UNROLL
-      for (int i = 0; i < 8; ++i) out[i] = Element(x[i] * p.softmax_scale);
-      *reinterpret_cast<cutlass::Array<Element, 8>*>(dq + c) = out;
-    }
-  }
+// dq = dq_accum * softmax_scale for one (query block, head, batch): the
+// accumulator tile is read back in the dQ product's fragment layout, then goes
+// through shared memory for 16-byte stores.
+template <typename Traits>
+__global__ void __launch_bounds__(Traits::kNThreads) bwd_convert_dq_kernel(const BwdParams params) {
+  using Element = typename Traits::Element;
+  constexpr int kBlockM = Traits::kBlockM;
+  constexpr int kHeadDim = Traits::kHeadDim;
+  extern __shared__ __align__(128) char smem[];
+  const int tidx = threadIdx.x;
+  const int num_m_blocks = (params.seqlen_q + kBlockM - 1) / kBlockM;
+  const FwdTileIndex tile(num_m_blocks, params.heads, false);
+  const int m0 = tile.m_block * kBlockM;
+
+  typename Traits::TiledMmadQ mma_dq;
+  Tensor acc_dq = partition_fragment_C(mma_dq, Shape<Int<kBlockM>, Int<kHeadDim>>{});
+  scratch_load<Traits::kNThreads>(
+      params.dq_accum + ((int64_t(tile.batch) * params.heads + tile.head) * params.seqlen_q_rounded + m0) * kHeadDim,
+      acc_dq, tidx);
+  CUTE_UNROLL
+  for (int i = 0; i < size(acc_dq); ++i) acc_dq(i) *= params.softmax_scale;
+  Tensor rdQ = convert_fragment<Element>(acc_dq);
+  Tensor sdQ = make_tensor(make_smem_ptr(reinterpret_cast<Element*>(smem)), typename Traits::SmemLayoutQdO{});
+  auto copy_c = make_tiled_copy_C(typename Traits::SmemCopyAtomO{}, mma_dq);
+  copy(copy_c, make_tensor(rdQ.data(), copy_c.retile(rdQ.layout())), copy_c.get_thread_slice(tidx).partition_D(sdQ));
+  __syncthreads();
+
+  Tensor gdQ = make_tensor(
+      make_gmem_ptr(static_cast<Element*>(params.dq) + tile.batch * params.dq_batch_stride +
+                    tile.head * params.dq_head_stride + index_t(m0) * params.dq_row_stride),
+      make_layout(make_shape(Int<kBlockM>{}, Int<kHeadDim>{}), make_stride(params.dq_row_stride, _1{})));
+  typename Traits::GmemTiledCopyO gmem_copy_o;
+  auto gmem_thr = gmem_copy_o.get_thread_slice(tidx);
+  Tensor tdQsdQ = gmem_thr.partition_S(sdQ);
+  Tensor tdQgdQ = gmem_thr.partition_D(gdQ);
+  Tensor tdQcdQ = gmem_thr.partition_S(make_identity_tensor(Shape<Int<kBlockM>, Int<kHeadDim>>{}));
+  Tensor tdQpdQ = make_tensor<bool>(make_shape(size<2>(tdQgdQ)));
+  CUTE_UNROLL
+  for (int k = 0; k < size(tdQpdQ); ++k) tdQpdQ(k) = get<1>(tdQcdQ(0, 0, k)) < params.head_dim;
+  Tensor tdQrdQ = make_tensor<Element>(shape(tdQgdQ));
+  copy(gmem_copy_o, tdQsdQ, tdQrdQ);
+  store_tile(gmem_copy_o, tdQrdQ, tdQgdQ, tdQcdQ, tdQpdQ, params.seqlen_q - m0);
 }
 
 // Deterministic dQ: the CTAs adding into one query block take turns in
@@ -199,11 +218,11 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const BwdPara
   auto load_q = [&](int head, int m_block, int buffer) {
     Tensor src = make_tensor(tQgQ.data() + q_offset(head, m_block), tQgQ.layout());
     Tensor dst = make_tensor(tQsQ.data() + buffer * int(size(sQ)), tQsQ.layout());
-    copy_tile(gmem_copy, src, dst, tQcQ, tQpQ, params.seqlen_q - m_block * kBlockM);
+    copy_tile<Traits::kCopyZeroFills>(gmem_copy, src, dst, tQcQ, tQpQ, params.seqlen_q - m_block * kBlockM);
   };
   auto load_do = [&](int head, int m_block) {
     Tensor src = make_tensor(tdOgdO.data() + do_offset(head, m_block), tdOgdO.layout());
-    copy_tile(gmem_copy, src, tdOsdO, tQcQ, tQpQ, params.seqlen_q - m_block * kBlockM);
+    copy_tile<Traits::kCopyZeroFills>(gmem_copy, src, tdOsdO, tQcQ, tQpQ, params.seqlen_q - m_block * kBlockM);
   };
 
   // S = Q K^T and dP = dO V^T.
@@ -247,8 +266,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const BwdPara
   clear(acc_dk);
   clear(acc_dv);
 
-  // dQ = dS K, added into the fp32 accumulator (b, h, seqlen_q_rounded, kHeadDim):
-  // whole tiles, so no predicates (padding rows and columns receive zeros).
+  // dQ = dS K: whole tiles, so no predicates (padding rows and columns get zeros).
   typename Traits::TiledMmadQ mma_dq;
   auto thr_dq = mma_dq.get_thread_slice(tidx);
   Tensor tdQrdS = thr_dq.partition_fragment_A(sdS);
@@ -257,18 +275,19 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const BwdPara
   auto copy_dq_b = make_tiled_copy_B(typename Traits::SmemCopyAtomTransposed{}, mma_dq);
   Tensor tdQsdS = copy_dq_a.get_thread_slice(tidx).partition_S(sdS);
   Tensor tdQsKt = copy_dq_b.get_thread_slice(tidx).partition_S(sKt);
+  // dQ = dS K is added into the fp32 accumulator, one kBlockM x kHeadDim tile
+  // per (batch, head, query block), in scratch_add's coalesced layout.
   auto dq_accum_tile = [&](int head, int m0) {
-    float* tile = params.dq_accum +
-                  ((int64_t(batch) * params.heads + head) * params.seqlen_q_rounded + m0) * kHeadDim;
-    return thr_dq.partition_C(make_tensor(
-        make_gmem_ptr(tile), Layout<Shape<Int<kBlockM>, Int<kHeadDim>>, Stride<Int<kHeadDim>, _1>>{}));
+    return params.dq_accum +
+           ((int64_t(batch) * params.heads + head) * params.seqlen_q_rounded + m0) * kHeadDim;
   };
 
   if (num_iters > 0) {
     // Prologue: K, V and the first Q, dO.
-    copy_tile(gmem_copy, tKgK, tKsK, tKcK, tKpK, params.seqlen_k - n0);
-    copy_tile(gmem_copy, tVgV, tVsV, tKcK, tKpK, params.seqlen_k - n0);
+    copy_tile<Traits::kCopyZeroFills>(gmem_copy, tKgK, tKsK, tKcK, tKpK, params.seqlen_k - n0);
+    copy_tile<Traits::kCopyZeroFills>(gmem_copy, tVgV, tVsV, tKcK, tKpK, params.seqlen_k - n0);
     load_q(head0, m_begin, 0);
+    cp_async_fence();
     load_do(head0, m_begin);
     cp_async_fence();
   }
@@ -293,20 +312,23 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const BwdPara
       d_row[r] = in ? params.softmax_d[bh * params.seqlen_q_rounded + row] : 0.f;
     }
 
-    cp_async_wait<0>();
-    __syncthreads();  // Q, dO landed; every warp is done with the last P, dS, Q
+    // Loads in flight: Q[it] (oldest), then dO[it], then (double-buffered) Q[it+1].
+    cp_async_wait<1>();
+    __syncthreads();  // Q landed; every warp is done with the last P, dS
 
     const int q_smem_offset = q_buffer * int(size(sQ));
     Tensor acc_s = partition_fragment_C(mma_sdp, Shape<Int<kBlockM>, Int<kBlockN>>{});
     clear(acc_s);
     gemm_smem_smem(acc_s, tSrQ, tSrK, make_tensor(tSsQ.data() + q_smem_offset, tSsQ.layout()), tSsK,
                    mma_sdp, copy_sdp_a, copy_sdp_b);
-    if constexpr (Traits::kDoubleBufferQ) {
-      if (has_next) {
-        load_q(next_head, next_m_block, q_buffer ^ 1);
-        cp_async_fence();
-      }
+    if (Traits::kDoubleBufferQ && has_next) {
+      load_q(next_head, next_m_block, q_buffer ^ 1);
+      cp_async_fence();
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
     }
+    __syncthreads();  // dO landed
     Tensor acc_dp = partition_fragment_C(mma_sdp, Shape<Int<kBlockM>, Int<kBlockN>>{});
     clear(acc_dp);
     gemm_smem_smem(acc_dp, tdPrdO, tdPrV, tdPsdO, tdPsV, mma_sdp, copy_sdp_a, copy_sdp_b);
@@ -359,8 +381,15 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const BwdPara
     __syncthreads();  // P, dS in shared memory
 
     gemm_smem_smem(acc_dv, tdVrPt, tdVrdOt, tdVsPt, tdVsdOt, mma_dkv, copy_dkv_a, copy_dkv_b);
-    __syncthreads();  // every warp is done with dO
+    gemm_smem_smem(acc_dk, tdKrdSt, tdKrQt, tdKsdSt,
+                   make_tensor(tdKsQt.data() + q_smem_offset, tdKsQt.layout()), mma_dkv, copy_dkv_a,
+                   copy_dkv_b);
+    __syncthreads();  // every warp is done with Q and dO: the next ones load under dQ = dS K
     if (has_next) {
+      if constexpr (!Traits::kDoubleBufferQ) {
+        load_q(next_head, next_m_block, 0);
+        cp_async_fence();
+      }
       load_do(next_head, next_m_block);
       cp_async_fence();
     }
@@ -376,23 +405,9 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const BwdPara
       mask.key_block_range(m0, kBlockM, kBlockN, n_first, n_last);
       wait_for_turn(semaphore, n_block - n_first);
     }
-    Tensor tdQgdQ = dq_accum_tile(head, m0);
-    // Elements 2j and 2j + 1 of an accumulator are adjacent columns.
-    static_assert(decltype(size<0, 0>(acc_dq))::value == 2);
-    CUTE_UNROLL
-    for (int i = 0; i < size(acc_dq); i += 2) atomic_add_pair(&tdQgdQ(i), acc_dq(i), acc_dq(i + 1));
+    scratch_add<Traits::kNThreads>(dq_accum_tile(head, m0), acc_dq, tidx);
     if (semaphore != nullptr) end_turn(semaphore);
-
-    gemm_smem_smem(acc_dk, tdKrdSt, tdKrQt, tdKsdSt,
-                   make_tensor(tdKsQt.data() + q_smem_offset, tdKsQt.layout()), mma_dkv, copy_dkv_a,
-                   copy_dkv_b);
-    if constexpr (Traits::kDoubleBufferQ) {
-      q_buffer ^= 1;
-    } else if (has_next) {
-      __syncthreads();  // every warp is done with Q
-      load_q(next_head, next_m_block, 0);
-      cp_async_fence();
-    }
+    if constexpr (Traits::kDoubleBufferQ) q_buffer ^= 1;
     head = next_head;
     m_block = next_m_block;
   }

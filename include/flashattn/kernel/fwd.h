@@ -16,20 +16,6 @@ namespace flashattn {
 
 using namespace cute;
 
-// Which (query block, head, batch) a CTA computes. A 1-D grid has no 65535
-// limit on heads or batch; the heaviest causal query blocks start first.
-struct FwdTileIndex {
-  int m_block, head, batch;
-  __device__ FwdTileIndex(int num_m_blocks, int heads, bool reverse_m) {
-    const int64_t bid = blockIdx.x;
-    const int m = int(bid % num_m_blocks);
-    const int64_t bh = bid / num_m_blocks;
-    m_block = reverse_m ? num_m_blocks - 1 - m : m;
-    head = int(bh % heads);
-    batch = int(bh / heads);
-  }
-};
-
 // kScoreMods: softcap and ALiBi. A template flag, not a runtime one: as a
 // runtime branch ptxas predicated the modifiers into the plain loop and cost
 // 20-40% with the features off (docs/perf-notes.md, v3/v4).
@@ -119,9 +105,9 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(const FwdPara
 
   if (n_end > n_begin) {
     // Q and the last visible K block.
-    copy_tile(gmem_copy, tQgQ, tQsQ, tQcQ, tQpQ, rows_left_q);
+    copy_tile<Traits::kCopyZeroFills>(gmem_copy, tQgQ, tQsQ, tQcQ, tQpQ, rows_left_q);
     int n_block = n_end - 1;
-    copy_tile(gmem_copy, tKgK, tKsK, tKcK, tKpK, params.seqlen_k - n_block * kBlockN);
+    copy_tile<Traits::kCopyZeroFills>(gmem_copy, tKgK, tKsK, tKcK, tKpK, params.seqlen_k - n_block * kBlockN);
     cp_async_fence();
 
     // Shared -> register partitions for S = Q K^T and O += P V.
@@ -152,7 +138,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(const FwdPara
       clear(acc_s);
       cp_async_wait<0>();
       __syncthreads();  // K[n] (and Q) landed; everyone is done with V[n+1]
-      copy_tile(gmem_copy, tVgV, tVsV, tKcK, tKpK, params.seqlen_k - n0);
+      copy_tile<Traits::kCopyZeroFills>(gmem_copy, tVgV, tVsV, tKcK, tKpK, params.seqlen_k - n0);
       tVgV.data() = tVgV.data() + v_block_step;
       cp_async_fence();
 
@@ -170,7 +156,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(const FwdPara
       __syncthreads();  // V[n] landed; everyone is done with K[n]
       if (n_block > n_begin) {
         tKgK.data() = tKgK.data() + k_block_step;
-        copy_tile(gmem_copy, tKgK, tKsK, tKcK, tKpK, params.seqlen_k - n0 + kBlockN);
+        copy_tile<Traits::kCopyZeroFills>(gmem_copy, tKgK, tKsK, tKcK, tKpK, params.seqlen_k - n0 + kBlockN);
         cp_async_fence();
       }
 

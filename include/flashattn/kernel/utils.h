@@ -10,6 +10,20 @@ namespace flashattn {
 
 using namespace cute;
 
+// Which (query block, head, batch) a CTA computes. A 1-D grid has no 65535
+// limit on heads or batch; the heaviest causal query blocks start first.
+struct FwdTileIndex {
+  int m_block, head, batch;
+  __device__ FwdTileIndex(int num_m_blocks, int heads, bool reverse_m) {
+    const int64_t bid = blockIdx.x;
+    const int m = int(bid % num_m_blocks);
+    const int64_t bh = bid / num_m_blocks;
+    m_block = reverse_m ? num_m_blocks - 1 - m : m;
+    head = int(bh % heads);
+    batch = int(bh / heads);
+  }
+};
+
 // acc += A . B^T with both operands in shared memory. The next k-slice is read
 // from shared memory while the tensor cores work on the current one.
 template <typename Acc, typename RegA, typename RegB, typename SmemA, typename SmemB, typename TiledMma,
@@ -47,13 +61,20 @@ __device__ __forceinline__ void gemm_reg_smem(Acc& acc, const RegA& rA, RegB& rB
 // Global -> shared copy of one tile, partitioned (CPY, CPY_ROWS, CPY_COLS).
 // Rows at or past `rows_left` and columns whose predicate is false are zeroed
 // in shared memory instead: nothing outside the tensor is read, and padding
-// contributes exact zeros to the products.
-template <typename TiledCopy, typename Src, typename Dst, typename Coords, typename ColPred>
+// contributes exact zeros to the products. kZeroFills: the copy atom zero-fills
+// on a false predicate itself (cp.async with src-size 0), so no extra stores
+// (and no branches) stand in the loop.
+template <bool kZeroFills = false, typename TiledCopy, typename Src, typename Dst, typename Coords,
+          typename ColPred>
 __device__ __forceinline__ void copy_tile(TiledCopy tiled_copy, const Src& src, Dst& dst,
                                           const Coords& coords, const ColPred& col_ok, int rows_left) {
   CUTE_UNROLL
   for (int m = 0; m < size<1>(src); ++m) {
-    if (get<0>(coords(0, m, 0)) < rows_left) {
+    const bool row_ok = get<0>(coords(0, m, 0)) < rows_left;
+    if constexpr (kZeroFills) {
+      CUTE_UNROLL
+      for (int k = 0; k < size<2>(src); ++k) copy(tiled_copy.with(row_ok && col_ok(k)), src(_, m, k), dst(_, m, k));
+    } else if (row_ok) {
       CUTE_UNROLL
       for (int k = 0; k < size<2>(src); ++k) {
         if (col_ok(k)) {
@@ -93,16 +114,45 @@ __device__ __forceinline__ float lane_allreduce(float x, Op op) {
   return x;
 }
 
-// Fire-and-forget fp32 additions of two adjacent values (p 8-byte aligned):
-// one vector reduction on sm_90, two scalar ones before. Inline PTX, because
-// atomicAdd can compile to a returning atomic that waits for its result.
-__device__ __forceinline__ void atomic_add_pair(float* p, float a, float b) {
+// fp32 accumulation in a scratch tile with a private, coalesced layout: value i
+// of thread t of an accumulator fragment lives in slot
+//   (i / kVec) * (kVec * kThreads) + t * kVec + i % kVec,
+// so that one instruction of a warp adds 32 * kVec consecutive floats. kVec is
+// 4 where vector reductions exist (sm_90), else 1. Every CTA adding into a tile,
+// and the kernel that reads it back, use the same fragment layout.
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("red.global.add.v2.f32 [%0], {%1, %2};" ::"l"(p), "f"(a), "f"(b) : "memory");
+constexpr int kScratchVec = 4;
 #else
-  asm volatile("red.global.add.f32 [%0], %1;" ::"l"(p), "f"(a) : "memory");
-  asm volatile("red.global.add.f32 [%0], %1;" ::"l"(p + 1), "f"(b) : "memory");
+constexpr int kScratchVec = 1;
 #endif
+
+template <int kThreads, typename Fragment>
+__device__ __forceinline__ void scratch_add(float* tile, const Fragment& acc, int tidx) {
+  static_assert(decltype(size(acc))::value % kScratchVec == 0);
+  CUTE_UNROLL
+  for (int i = 0; i < size(acc); i += kScratchVec) {
+    float* p = tile + i * kThreads + tidx * kScratchVec;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};" ::"l"(p), "f"(acc(i)),
+                 "f"(acc(i + 1)), "f"(acc(i + 2)), "f"(acc(i + 3)) : "memory");
+#else
+    asm volatile("red.global.add.f32 [%0], %1;" ::"l"(p), "f"(acc(i)) : "memory");
+#endif
+  }
+}
+
+template <int kThreads, typename Fragment>
+__device__ __forceinline__ void scratch_load(const float* tile, Fragment& acc, int tidx) {
+  CUTE_UNROLL
+  for (int i = 0; i < size(acc); i += kScratchVec) {
+    const float* p = tile + i * kThreads + tidx * kScratchVec;
+    if constexpr (kScratchVec == 4) {
+      const float4 v = *reinterpret_cast<const float4*>(p);
+      acc(i) = v.x, acc(i + 1) = v.y, acc(i + 2) = v.z, acc(i + 3) = v.w;
+    } else {
+      acc(i) = *p;
+    }
+  }
 }
 
 // tanh through one exp2 and one reciprocal: accurate to a few ulp of 1 (unlike

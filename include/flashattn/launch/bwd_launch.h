@@ -7,6 +7,7 @@
 #include <algorithm>
 
 #include "flashattn/kernel/bwd.h"
+#include "flashattn/launch/smem_check.h"
 #include "flashattn/params.h"
 
 namespace flashattn {
@@ -25,6 +26,7 @@ void launch_bwd_kernel(const BwdParams& params, cudaStream_t stream) {
   constexpr int kSmem = Traits::kSmemSize;
   const bool score_mods = params.softcap > 0.f || params.alibi_slopes != nullptr;
   auto kernel = score_mods ? &bwd_kernel<Traits, true> : &bwd_kernel<Traits, false>;
+  check_smem_fits(kSmem, Traits::kFamily, "backward", Traits::kHeadDim);
   if constexpr (kSmem >= 48 * 1024) {
     cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
   }
@@ -32,7 +34,11 @@ void launch_bwd_kernel(const BwdParams& params, cudaStream_t stream) {
   const int64_t num_ctas = num_n_blocks * params.heads_k * params.batch;
   kernel<<<dim3(unsigned(num_ctas)), Traits::kNThreads, kSmem, stream>>>(params);
 
-  bwd_convert_dq_kernel<Element, kHeadDim><<<row_grid, BwdRowsIndex::kThreads, 0, stream>>>(params);
+  const int64_t num_m_blocks = (params.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM;
+  constexpr int kConvertSmem = int(size(typename Traits::SmemLayoutQdO{})) * int(sizeof(Element));
+  static_assert(kConvertSmem <= 48 * 1024);
+  bwd_convert_dq_kernel<Traits><<<dim3(unsigned(num_m_blocks * params.heads * params.batch)),
+                                  Traits::kNThreads, kConvertSmem, stream>>>(params);
 }
 
 }  // namespace flashattn

@@ -4,6 +4,7 @@
 #include <cuda_runtime.h>
 
 #include "flashattn/kernel/fwd.h"
+#include "flashattn/launch/smem_check.h"
 #include "flashattn/params.h"
 
 namespace flashattn {
@@ -13,6 +14,7 @@ void launch_fwd_kernel(const FwdParams& params, cudaStream_t stream) {
   constexpr int kSmem = Traits::kSmemSize;
   const bool score_mods = params.softcap > 0.f || params.alibi_slopes != nullptr;
   auto kernel = score_mods ? &fwd_kernel<Traits, true> : &fwd_kernel<Traits, false>;
+  check_smem_fits(kSmem, Traits::kFamily, "forward", Traits::kHeadDim);
   if constexpr (kSmem >= 48 * 1024) {
     // Above 48 KB a kernel must opt in; cheap, and per device, so done per launch.
     cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
