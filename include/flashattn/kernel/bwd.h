@@ -143,10 +143,17 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const BwdPara
   extern __shared__ __align__(128) char smem[];
   const int tidx = threadIdx.x;
 
-  // Key block fastest: in deterministic mode a CTA waits only for smaller ones.
+  // Which (key block, kv head, batch): key block fastest, so that CTAs running
+  // together share Q and dO in L2. With a causal mask the first key blocks are
+  // seen by the most queries: there every (kv head, batch)'s block 0 starts first,
+  // then block 1, ..., so that the longest CTAs do not run last. Either way a
+  // smaller key block of the same head has a smaller index: in deterministic mode
+  // a CTA waits only for those.
   const int num_n_blocks = (params.seqlen_k + kBlockN - 1) / kBlockN;
-  const int n_block = int(blockIdx.x % num_n_blocks);
-  const int64_t bhk = blockIdx.x / num_n_blocks;
+  const int64_t num_bhk = int64_t(params.heads_k) * params.batch;
+  const bool heavy_first = params.window_right >= 0;
+  const int n_block = int(heavy_first ? blockIdx.x / num_bhk : blockIdx.x % num_n_blocks);
+  const int64_t bhk = heavy_first ? blockIdx.x % num_bhk : blockIdx.x / num_n_blocks;
   const int head_k = int(bhk % params.heads_k);
   const int batch = int(bhk / params.heads_k);
   const int group = params.heads / params.heads_k;
