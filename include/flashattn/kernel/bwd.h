@@ -7,9 +7,12 @@
 //      head of its GQA group that sees its keys, recomputing P from Q, K and the
 //      forward's lse:
 //        S = Q K^T, P = exp(S * scale - lse), dP = dO V^T, dS = P (dP - D),
-//        dV += P^T dO, dK += dS^T Q, dQ += dS K (fp32 atomics into dq_accum).
+//        dV += P^T dO, dK += dS^T Q, dQ += dS K (fp32 vector reductions into a
+//        scratch accumulator, utils.h's scratch_add).
 //      dK and dV come out at (b, s_k, h_k, d): GQA groups are summed on chip.
 //   3. bwd_convert_dq_kernel: dq = dq_accum * softmax_scale in the input dtype.
+// Runtime flags cover masks, tails, GQA and deterministic mode; the template flag
+// kScoreMods (softcap, ALiBi) is the forward's.
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -23,8 +26,8 @@ namespace flashattn {
 
 using namespace cute;
 
-// Rows of a (b, h, seqlen_q_rounded) problem handled by the two elementwise
-// kernels: 8 threads per row, 32 rows per 256-thread CTA, grid-stride.
+// Rows of a (b, h, seqlen_q_rounded) problem for the preprocess kernel: 8
+// threads per row, 32 rows per 256-thread CTA, grid-stride.
 struct BwdRowsIndex {
   static constexpr int kThreads = 256, kThreadsPerRow = 8, kRows = kThreads / kThreadsPerRow;
   __host__ __device__ static int64_t num_blocks(const BwdParams& p) {

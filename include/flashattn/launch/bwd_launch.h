@@ -18,15 +18,15 @@ void launch_bwd_kernel(const BwdParams& params, cudaStream_t stream) {
   constexpr int kHeadDim = Traits::kHeadDim;
   static_assert(Traits::kBlockM <= kBwdSeqlenQRounding && kBwdSeqlenQRounding % Traits::kBlockM == 0);
   static_assert(Traits::kBlockM % kBwdSemaphoreRows == 0);
+  constexpr int kSmem = Traits::kSmemSize;
+  check_smem_fits(kSmem, Traits::kFamily, "backward", Traits::kHeadDim);  // before launching anything
 
-  // The elementwise kernels loop over their rows: a grid of at most 2^20 CTAs.
+  // The preprocess kernel loops over its rows: a grid of at most 2^20 CTAs.
   const unsigned row_grid = unsigned(std::min<int64_t>(BwdRowsIndex::num_blocks(params), 1 << 20));
   bwd_preprocess_kernel<Element, kHeadDim><<<row_grid, BwdRowsIndex::kThreads, 0, stream>>>(params);
 
-  constexpr int kSmem = Traits::kSmemSize;
   const bool score_mods = params.softcap > 0.f || params.alibi_slopes != nullptr;
   auto kernel = score_mods ? &bwd_kernel<Traits, true> : &bwd_kernel<Traits, false>;
-  check_smem_fits(kSmem, Traits::kFamily, "backward", Traits::kHeadDim);
   if constexpr (kSmem >= 48 * 1024) {
     cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
   }
