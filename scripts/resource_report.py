@@ -43,16 +43,28 @@ def parse(lines):
     return kernels
 
 
+# Sm80BwdTraits<..., kNWarps, kAtomMSdP, kAtomNdKV, kAtomMdQ, kDoubleBufferQ>: the
+# mangled tail after the warps is "Li2ELi4ELi2ELb1E".
+BWD_DOUBLE_Q = re.compile(r"^(?:Li\d+E){3}Lb([01])E")
+
+
 def describe(kernel):
     m = TRAITS.search(kernel["name"])
     if not m:
         return demangle(kernel["name"]), None
     traits, _, element, d, bm, bn, warps = m.groups()
     d, bm, bn = int(d), int(bm), int(bn)
-    smem = (bm + 2 * bn) * d * ELEMENT_BYTES.get(element, 2)
+    elem_bytes = ELEMENT_BYTES.get(element, 2)
+    smem = (bm + 2 * bn) * d * elem_bytes  # forward: Q, K, V
+    if bwd := BWD_DOUBLE_Q.search(kernel["name"][m.end():]):
+        # backward: Q (x2 when double-buffered), dO, K, V, P, dS
+        q_buffers = 2 if bwd.group(1) == "1" else 1
+        smem = ((q_buffers + 1) * bm * d + 2 * bn * d + 2 * bm * bn) * elem_bytes
     label = f"{traits} {element:<10} d{d:<3} {bm}x{bn} {warps} warps"
     if flag := re.search(r"EELb([01])E", kernel["name"]):
         label += " +mods" if flag.group(1) == "1" else ""
+    if "convert_dq" in kernel["name"]:
+        label, smem = label + " dq convert", bm * d * elem_bytes
     return label, smem
 
 
