@@ -206,6 +206,11 @@ int prepare_fwd(const Tensor& q, const Tensor& k, const Tensor& v, const Options
   p.softcap_prescale = o.softcap > 0 ? static_cast<float>(o.softmax_scale / o.softcap) : 0.f;
   p.score_scale = o.softcap > 0 ? 1.f : static_cast<float>(o.softmax_scale);
   p.score_scale_log2 = static_cast<float>(p.score_scale * M_LOG2E);
+  // softmax_scale = 0 (uniform attention): a masked score times 0 would be NaN in
+  // the kernels' exp2(s * scale - max); a scale far below any score's resolution
+  // gives exp2(0) = 1 for visible and exp2(-inf) = 0 for masked scores. The lse and
+  // the gradients' scale use score_scale / softmax_scale, which stay exactly 0.
+  if (p.score_scale_log2 == 0.f) p.score_scale_log2 = 1e-30f;
   if (o.alibi_slopes.has_value()) {
     const Tensor& a = *o.alibi_slopes;
     check_cuda_tensor(a, "alibi_slopes", q);

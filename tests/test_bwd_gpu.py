@@ -166,6 +166,26 @@ def test_rows_that_see_no_key_get_zero_gradients():
     assert (dq[:, :200] == 0).all()
 
 
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_zero_softmax_scale(causal):
+    # Uniform attention over the visible keys; masked keys must not turn into NaN.
+    dtype, d = torch.float16, 64
+    fam = require(_family_for(dtype), dtype, d)
+    q, k, v = make_qkv(2, 130, 100, HEADS, 2, d, dtype, seed=22)
+    dout = torch.randn_like(q)
+    args = (None, None, 0.0, 0.0, causal, -1, -1, 0.0)
+    out, lse = call_kernel(OPS.fwd, q, k, v, *args, fam)
+    dq, dk, dv = call_kernel(OPS.bwd, dout, q, k, v, out, lse, *args, False, fam)
+    kwargs = {"softmax_scale": 0.0, "causal": causal}
+    ref, _ = reference.attention(q.float(), k.float(), v.float(), **kwargs)
+    lowp, _ = reference.attention(q, k, v, upcast=False, **kwargs)
+    assert_standard("out", out, ref, lowp, 2.0)
+    ref_g = reference_grads(dout, q, k, v, upcast=True, **kwargs)
+    lowp_g = reference_grads(dout, q, k, v, upcast=False, **kwargs)
+    for name, ours, r, lp in zip(("dq", "dk", "dv"), (dq, dk, dv), ref_g, lowp_g):
+        assert_standard(name, ours, r, lp, BWD_FACTOR, BWD_EPS)
+
+
 # ---- deterministic mode
 
 
