@@ -60,6 +60,8 @@ struct Sm80FwdTraits : Sm80AccumulatorLayout {
   // never reduces across warps.
   using TiledMma = TiledMMA<typename Sm80MmaAtom<Element>::type, Layout<Shape<Int<kNWarps>, _1, _1>>,
                             Tile<Int<16 * kNWarps>, _16, _16>>;
+  using TiledMmaPV = TiledMma;  // O += P V
+  static constexpr bool kPThroughSmem = false;  // P stays in registers (c_to_a)
 
   // Shared memory: rows of 64 (or 32) elements, XOR-swizzled so that ldmatrix
   // reads of 8 rows hit 8 different 16-byte bank groups.
@@ -93,23 +95,24 @@ struct Sm80FwdTraits : Sm80AccumulatorLayout {
       Copy_Atom<UniversalCopy<uint128_t>, Element>{}, GmemLayoutAtom{}, Layout<Shape<_1, _8>>{}));
 
   // Shared -> registers.
+  // Shared -> registers, for the A and B operands (B: the second, N x K).
   using SmemCopyAtom = Copy_Atom<SM75_U32x4_LDSM_N, Element>;
+  using SmemCopyAtomB = SmemCopyAtom;
   using SmemCopyAtomTransposed = Copy_Atom<SM75_U16x8_LDSM_T, Element>;
+  using SmemCopyAtomTransposedB = SmemCopyAtomTransposed;
   using SmemCopyAtomO = Copy_Atom<AutoVectorizingCopyWithAssumedAlignment<128>, Element>;
 };
 
-// Backward traits. The key-stationary backward runs three products with
-// different output shapes, each with its own warp layout (kAtom* warps along
-// the output's rows, the rest along its columns):
-//   S = Q.K^T and dP = dO.V^T   (M x N)   warps kAtomMSdP x (W / kAtomMSdP)
-//   dV += P^T.dO, dK += dS^T.Q  (N x D)   warps kAtomNdKV x (W / kAtomNdKV)
-//   dQ = dS.K                   (M x D)   warps kAtomMdQ  x (W / kAtomMdQ)
+// Backward tiles, shared by the sm80 and sm75 backward traits. The
+// key-stationary backward runs three products with different output shapes:
+//   S = Q.K^T and dP = dO.V^T   (M x N)
+//   dV += P^T.dO, dK += dS^T.Q  (N x D)
+//   dQ = dS.K                   (M x D)
 // P and dS go through shared memory, where the dV/dK products read them
-// transposed. With kDoubleBufferQ the next Q block loads while this one is in use.
-template <typename Element_, int kHeadDim_, int kBlockM_, int kBlockN_, int kNWarps_, int kAtomMSdP,
-          int kAtomNdKV, int kAtomMdQ, bool kDoubleBufferQ_>
-struct Sm80BwdTraits : Sm80AccumulatorLayout {
-  static constexpr const char* kFamily = "sm80";
+// transposed. With kDoubleBufferQ the next Q block loads while this one is in
+// use. The family adds its mma atoms, warp layouts and shared->register copies.
+template <typename Element_, int kHeadDim_, int kBlockM_, int kBlockN_, int kNWarps_, bool kDoubleBufferQ_>
+struct BwdTileLayouts {
   using Element = Element_;
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kBlockM = kBlockM_;
@@ -117,18 +120,6 @@ struct Sm80BwdTraits : Sm80AccumulatorLayout {
   static constexpr int kNWarps = kNWarps_;
   static constexpr int kNThreads = kNWarps * 32;
   static constexpr bool kDoubleBufferQ = kDoubleBufferQ_;
-
-  // Each warp owns 16 x 16 of the output per tile: the ldmatrix x4 shape.
-  template <int kWarpRows>
-  using WarpTiledMma = TiledMMA<typename Sm80MmaAtom<Element>::type,
-                                Layout<Shape<Int<kWarpRows>, Int<kNWarps / kWarpRows>, _1>>,
-                                Tile<Int<16 * kWarpRows>, Int<16 * (kNWarps / kWarpRows)>, _16>>;
-  using TiledMmaSdP = WarpTiledMma<kAtomMSdP>;
-  using TiledMmadKV = WarpTiledMma<kAtomNdKV>;
-  using TiledMmadQ = WarpTiledMma<kAtomMdQ>;
-  static_assert(kBlockM % (16 * kAtomMSdP) == 0 && kBlockN % (16 * (kNWarps / kAtomMSdP)) == 0);
-  static_assert(kBlockN % (16 * kAtomNdKV) == 0 && kHeadDim % (16 * (kNWarps / kAtomNdKV)) == 0);
-  static_assert(kBlockM % (16 * kAtomMdQ) == 0 && kHeadDim % (16 * (kNWarps / kAtomMdQ)) == 0);
 
   static constexpr int kBlockKSmem = kHeadDim % 64 == 0 ? 64 : 32;
   static constexpr int kSwizzle = kBlockKSmem == 32 ? 2 : 3;
@@ -145,6 +136,7 @@ struct Sm80BwdTraits : Sm80AccumulatorLayout {
   using SmemLayoutKtNoSwizzle = decltype(get_nonswizzle_portion(SmemLayoutKt{}));
   // P and dS (M x N) and their transposes (N x M).
   static constexpr int kPdSCols = kBlockN % 64 == 0 ? 64 : 32;
+  static_assert(kBlockN % 32 == 0);
   using SmemLayoutAtomPdS = decltype(composition(
       Swizzle<kPdSCols == 32 ? 2 : 3, 3, 3>{}, Layout<Shape<_8, Int<kPdSCols>>, Stride<Int<kPdSCols>, _1>>{}));
   using SmemLayoutPdS = decltype(tile_to_shape(SmemLayoutAtomPdS{}, Shape<Int<kBlockM>, Int<kBlockN>>{}));
@@ -163,16 +155,44 @@ struct Sm80BwdTraits : Sm80AccumulatorLayout {
                                 Stride<Int<kGmemThreadsPerRow>, _1>>;
   static_assert(kBlockM % (kNThreads / kGmemThreadsPerRow) == 0 &&
                 kBlockN % (kNThreads / kGmemThreadsPerRow) == 0, "tile smaller than one copy pass");
+  using GmemTiledCopyO = decltype(make_tiled_copy(
+      Copy_Atom<UniversalCopy<uint128_t>, Element>{}, GmemLayoutAtom{}, Layout<Shape<_1, _8>>{}));
+  using SmemCopyAtomO = Copy_Atom<AutoVectorizingCopyWithAssumedAlignment<128>, Element>;
+};
+
+// sm80 backward: each warp owns 16 x 16 of a product's output per tile (the
+// ldmatrix x4 shape); kAtom* warps along the output's rows, the rest along its
+// columns, for S/dP, dK/dV and dQ.
+template <typename Element_, int kHeadDim_, int kBlockM_, int kBlockN_, int kNWarps_, int kAtomMSdP,
+          int kAtomNdKV, int kAtomMdQ, bool kDoubleBufferQ_>
+struct Sm80BwdTraits : Sm80AccumulatorLayout,
+                       BwdTileLayouts<Element_, kHeadDim_, kBlockM_, kBlockN_, kNWarps_, kDoubleBufferQ_> {
+  using Base = BwdTileLayouts<Element_, kHeadDim_, kBlockM_, kBlockN_, kNWarps_, kDoubleBufferQ_>;
+  static constexpr const char* kFamily = "sm80";
+  using Base::kBlockM, Base::kBlockN, Base::kHeadDim, Base::kNWarps;
+
+  template <int kWarpRows>
+  using WarpTiledMma = TiledMMA<typename Sm80MmaAtom<Element_>::type,
+                                Layout<Shape<Int<kWarpRows>, Int<kNWarps / kWarpRows>, _1>>,
+                                Tile<Int<16 * kWarpRows>, Int<16 * (kNWarps / kWarpRows)>, _16>>;
+  using TiledMmaSdP = WarpTiledMma<kAtomMSdP>;
+  using TiledMmadKV = WarpTiledMma<kAtomNdKV>;
+  using TiledMmadQ = WarpTiledMma<kAtomMdQ>;
+  static_assert(kBlockM % (16 * kAtomMSdP) == 0 && kBlockN % (16 * (kNWarps / kAtomMSdP)) == 0);
+  static_assert(kBlockN % (16 * kAtomNdKV) == 0 && kHeadDim % (16 * (kNWarps / kAtomNdKV)) == 0);
+  static_assert(kBlockM % (16 * kAtomMdQ) == 0 && kHeadDim % (16 * (kNWarps / kAtomMdQ)) == 0);
+
   // cp.async that zero-fills rows and columns outside the tensor by itself.
   static constexpr bool kCopyZeroFills = true;
   using GmemTiledCopyQKV = decltype(make_tiled_copy(
-      Copy_Atom<SM80_CP_ASYNC_CACHEGLOBAL_ZFILL<uint128_t>, Element>{}, GmemLayoutAtom{}, Layout<Shape<_1, _8>>{}));
-  using GmemTiledCopyO = decltype(make_tiled_copy(
-      Copy_Atom<UniversalCopy<uint128_t>, Element>{}, GmemLayoutAtom{}, Layout<Shape<_1, _8>>{}));
+      Copy_Atom<SM80_CP_ASYNC_CACHEGLOBAL_ZFILL<uint128_t>, Element_>{}, typename Base::GmemLayoutAtom{},
+      Layout<Shape<_1, _8>>{}));
 
-  using SmemCopyAtom = Copy_Atom<SM75_U32x4_LDSM_N, Element>;
-  using SmemCopyAtomTransposed = Copy_Atom<SM75_U16x8_LDSM_T, Element>;
-  using SmemCopyAtomO = Copy_Atom<AutoVectorizingCopyWithAssumedAlignment<128>, Element>;
+  // Shared -> registers, for the A and B operands (B: the second, N x K).
+  using SmemCopyAtom = Copy_Atom<SM75_U32x4_LDSM_N, Element_>;
+  using SmemCopyAtomB = SmemCopyAtom;
+  using SmemCopyAtomTransposed = Copy_Atom<SM75_U16x8_LDSM_T, Element_>;
+  using SmemCopyAtomTransposedB = SmemCopyAtomTransposed;
 };
 
 }  // namespace flashattn

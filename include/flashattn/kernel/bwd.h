@@ -243,7 +243,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const BwdPara
   Tensor tdPrdO = thr_sdp.partition_fragment_A(sdO);
   Tensor tdPrV = thr_sdp.partition_fragment_B(sV);
   auto copy_sdp_a = make_tiled_copy_A(typename Traits::SmemCopyAtom{}, mma_sdp);
-  auto copy_sdp_b = make_tiled_copy_B(typename Traits::SmemCopyAtom{}, mma_sdp);
+  auto copy_sdp_b = make_tiled_copy_B(typename Traits::SmemCopyAtomB{}, mma_sdp);
   Tensor tSsQ = copy_sdp_a.get_thread_slice(tidx).partition_S(sQ);
   Tensor tdPsdO = copy_sdp_a.get_thread_slice(tidx).partition_S(sdO);
   Tensor tSsK = copy_sdp_b.get_thread_slice(tidx).partition_S(sK);
@@ -266,7 +266,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const BwdPara
   Tensor tdKrdSt = thr_dkv.partition_fragment_A(sdStNoSwizzle);
   Tensor tdKrQt = thr_dkv.partition_fragment_B(sQtNoSwizzle);
   auto copy_dkv_a = make_tiled_copy_A(typename Traits::SmemCopyAtomTransposed{}, mma_dkv);
-  auto copy_dkv_b = make_tiled_copy_B(typename Traits::SmemCopyAtomTransposed{}, mma_dkv);
+  auto copy_dkv_b = make_tiled_copy_B(typename Traits::SmemCopyAtomTransposedB{}, mma_dkv);
   Tensor tdVsPt = copy_dkv_a.get_thread_slice(tidx).partition_S(sPt);
   Tensor tdKsdSt = copy_dkv_a.get_thread_slice(tidx).partition_S(sdSt);
   Tensor tdVsdOt = copy_dkv_b.get_thread_slice(tidx).partition_S(sdOt);
@@ -282,7 +282,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const BwdPara
   Tensor tdQrdS = thr_dq.partition_fragment_A(sdS);
   Tensor tdQrKt = thr_dq.partition_fragment_B(sKtNoSwizzle);
   auto copy_dq_a = make_tiled_copy_A(typename Traits::SmemCopyAtom{}, mma_dq);
-  auto copy_dq_b = make_tiled_copy_B(typename Traits::SmemCopyAtomTransposed{}, mma_dq);
+  auto copy_dq_b = make_tiled_copy_B(typename Traits::SmemCopyAtomTransposedB{}, mma_dq);
   Tensor tdQsdS = copy_dq_a.get_thread_slice(tidx).partition_S(sdS);
   Tensor tdQsKt = copy_dq_b.get_thread_slice(tidx).partition_S(sKt);
   // dQ = dS K is added into the fp32 accumulator, one kBlockM x kHeadDim tile

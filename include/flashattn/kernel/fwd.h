@@ -113,10 +113,13 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(const FwdPara
     // Shared -> register partitions for S = Q K^T and O += P V.
     Tensor tSrQ = thr_mma.partition_fragment_A(sQ);
     Tensor tSrK = thr_mma.partition_fragment_B(sK);
-    Tensor tOrVt = thr_mma.partition_fragment_B(sVtNoSwizzle);
+    // O += P V has its own mma (Volta reads V with a differently laid out atom).
+    typename Traits::TiledMmaPV tiled_mma_pv;
+    auto thr_mma_pv = tiled_mma_pv.get_thread_slice(tidx);
+    Tensor tOrVt = thr_mma_pv.partition_fragment_B(sVtNoSwizzle);
     auto smem_copy_q = make_tiled_copy_A(typename Traits::SmemCopyAtom{}, tiled_mma);
-    auto smem_copy_k = make_tiled_copy_B(typename Traits::SmemCopyAtom{}, tiled_mma);
-    auto smem_copy_v = make_tiled_copy_B(typename Traits::SmemCopyAtomTransposed{}, tiled_mma);
+    auto smem_copy_k = make_tiled_copy_B(typename Traits::SmemCopyAtomB{}, tiled_mma);
+    auto smem_copy_v = make_tiled_copy_B(typename Traits::SmemCopyAtomTransposedB{}, tiled_mma_pv);
     Tensor tSsQ = smem_copy_q.get_thread_slice(tidx).partition_S(sQ);
     Tensor tSsK = smem_copy_k.get_thread_slice(tidx).partition_S(sK);
     Tensor tOsVt = smem_copy_v.get_thread_slice(tidx).partition_S(sVt);
@@ -164,8 +167,22 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(const FwdPara
       softmax.update(acc_s_rc, acc_o_rc, params.score_scale_log2);
 
       Tensor rP = convert_fragment<Element>(acc_s);
-      Tensor tOrP = make_tensor(rP.data(), Traits::c_to_a(rP.layout()));
-      gemm_reg_smem(acc_o, tOrP, tOrVt, tOsVt, tiled_mma, smem_copy_v);
+      if constexpr (Traits::kPThroughSmem) {
+        // The accumulator layout is no operand layout (Volta): P goes through
+        // shared memory, each warp its own rows.
+        Tensor sP = make_tensor(sV.data() + size(sV), typename Traits::SmemLayoutP{});
+        auto smem_copy_c = make_tiled_copy_C(typename Traits::SmemCopyAtomO{}, tiled_mma);
+        copy(smem_copy_c, make_tensor(rP.data(), smem_copy_c.retile(rP.layout())),
+             smem_copy_c.get_thread_slice(tidx).partition_D(sP));
+        __syncwarp();
+        auto smem_copy_p = make_tiled_copy_A(typename Traits::SmemCopyAtom{}, tiled_mma_pv);
+        Tensor tOrP = thr_mma_pv.partition_fragment_A(sP);
+        gemm_smem_smem(acc_o, tOrP, tOrVt, smem_copy_p.get_thread_slice(tidx).partition_S(sP), tOsVt,
+                       tiled_mma_pv, smem_copy_p, smem_copy_v);
+      } else {
+        Tensor tOrP = make_tensor(rP.data(), Traits::c_to_a(rP.layout()));
+        gemm_reg_smem(acc_o, tOrP, tOrVt, tOsVt, tiled_mma_pv, smem_copy_v);
+      }
     }
     softmax.finalize(acc_o_rc, params.score_scale, lse);
   } else {
