@@ -27,12 +27,51 @@ struct Sm75FwdTraits : Sm80FwdTraits<Element_, kHeadDim_, kBlockM_, kBlockN_, kN
   // K-steps of 8: each ldmatrix reads two 8x8 matrices (x2), matching one atom.
   using TiledMma = TiledMMA<MMA_Atom<SM75_16x8x8_F32F16F16F32_TN>, Layout<Shape<Int<kNWarps_>, _1, _1>>,
                             Tile<Int<16 * kNWarps_>, _16, _8>>;
+  using TiledMmaPV = TiledMma;
   using SmemCopyAtom = Copy_Atom<SM75_U32x2_LDSM_N, Element>;
+  using SmemCopyAtomB = SmemCopyAtom;
   using SmemCopyAtomTransposed = Copy_Atom<SM75_U16x4_LDSM_T, Element>;
+  using SmemCopyAtomTransposedB = SmemCopyAtomTransposed;
   // No cp.async: 16-byte loads into registers, then 16-byte shared stores.
   static constexpr bool kCopyZeroFills = false;
   using GmemTiledCopyQKV = decltype(make_tiled_copy(Copy_Atom<UniversalCopy<uint128_t>, Element>{},
                                                     typename Base::GmemLayoutAtom{}, Layout<Shape<_1, _8>>{}));
+};
+
+// sm75 backward: each warp owns one 16 x 8 atom of a product's output per tile,
+// so that small tiles (a T4 fits Q, dO, K, V of d256 in 64 KB only with 16 x 32
+// blocks) still give every warp work. A operands (16 x 8 per k-step) are read
+// with ldmatrix x2, B operands (8 x 8) with x1.
+template <typename Element_, int kHeadDim_, int kBlockM_, int kBlockN_, int kNWarps_, int kAtomMSdP,
+          int kAtomNdKV, int kAtomMdQ, bool kDoubleBufferQ_>
+struct Sm75BwdTraits : Sm80AccumulatorLayout,
+                       BwdTileLayouts<Element_, kHeadDim_, kBlockM_, kBlockN_, kNWarps_, kDoubleBufferQ_> {
+  using Base = BwdTileLayouts<Element_, kHeadDim_, kBlockM_, kBlockN_, kNWarps_, kDoubleBufferQ_>;
+  static constexpr const char* kFamily = "sm75";
+  using Base::kBlockM, Base::kBlockN, Base::kHeadDim, Base::kNWarps;
+  static_assert(std::is_same_v<Element_, cutlass::half_t>, "Turing tensor cores take fp16 only");
+  static_assert(Base::kSmemSize <= 64 * 1024, "a Turing CTA has at most 64 KB of shared memory");
+
+  template <int kWarpRows>
+  using WarpTiledMma = TiledMMA<MMA_Atom<SM75_16x8x8_F32F16F16F32_TN>,
+                                Layout<Shape<Int<kWarpRows>, Int<kNWarps / kWarpRows>, _1>>,
+                                Tile<Int<16 * kWarpRows>, Int<8 * (kNWarps / kWarpRows)>, _8>>;
+  using TiledMmaSdP = WarpTiledMma<kAtomMSdP>;
+  using TiledMmadKV = WarpTiledMma<kAtomNdKV>;
+  using TiledMmadQ = WarpTiledMma<kAtomMdQ>;
+  static_assert(kBlockM % (16 * kAtomMSdP) == 0 && kBlockN % (8 * (kNWarps / kAtomMSdP)) == 0);
+  static_assert(kBlockN % (16 * kAtomNdKV) == 0 && kHeadDim % (8 * (kNWarps / kAtomNdKV)) == 0);
+  static_assert(kBlockM % (16 * kAtomMdQ) == 0 && kHeadDim % (8 * (kNWarps / kAtomMdQ)) == 0);
+
+  // No cp.async: 16-byte loads into registers, then 16-byte shared stores.
+  static constexpr bool kCopyZeroFills = false;
+  using GmemTiledCopyQKV = decltype(make_tiled_copy(Copy_Atom<UniversalCopy<uint128_t>, Element_>{},
+                                                    typename Base::GmemLayoutAtom{}, Layout<Shape<_1, _8>>{}));
+
+  using SmemCopyAtom = Copy_Atom<SM75_U32x2_LDSM_N, Element_>;
+  using SmemCopyAtomB = Copy_Atom<SM75_U32x1_LDSM_N, Element_>;
+  using SmemCopyAtomTransposed = Copy_Atom<SM75_U16x4_LDSM_T, Element_>;
+  using SmemCopyAtomTransposedB = Copy_Atom<SM75_U16x2_LDSM_T, Element_>;
 };
 
 }  // namespace flashattn
