@@ -56,6 +56,8 @@ def describe(kernel):
     d, bm, bn = int(d), int(bm), int(bn)
     elem_bytes = ELEMENT_BYTES.get(element, 2)
     smem = (bm + 2 * bn) * d * elem_bytes  # forward: Q, K, V
+    if traits == "Sm70FwdTraits":
+        smem += bm * bn * elem_bytes  # and P
     if bwd := BWD_DOUBLE_Q.search(kernel["name"][m.end():]):
         # backward: Q (x2 when double-buffered), dO, K, V, P, dS
         q_buffers = 2 if bwd.group(1) == "1" else 1
@@ -72,21 +74,25 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("log")
     ap.add_argument("--max-spill", type=int, default=None, help="fail if a kernel spills more bytes")
+    ap.add_argument("--max-smem-kb", type=int, default=None, help="fail if a kernel needs more shared memory")
     args = ap.parse_args()
     with open(args.log, errors="replace") as f:
         kernels = parse(f)
     if not kernels:
         sys.exit(f"no 'Compiling entry function' lines in {args.log}: build with FLASHATTN_PTXAS_VERBOSE=1")
     print(f"{'kernel':<54} {'target':<7} {'regs':>4} {'smem KB':>7} {'stack':>5} {'spill st/ld':>11}")
-    worst = 0
+    worst, worst_smem = 0, 0
     for k in sorted(kernels, key=lambda k: (k["target"], k["name"])):
         label, smem = describe(k)
         smem_kb = f"{smem / 1024:.0f}" if smem else "?"
         spill = f"{k.get('spill_st', 0)}/{k.get('spill_ld', 0)}"
         worst = max(worst, k.get("spill_st", 0))
+        worst_smem = max(worst_smem, smem or 0)
         print(f"{label:<54} {k['target']:<7} {k.get('regs', 0):>4} {smem_kb:>7} {k.get('stack', 0):>5} {spill:>11}")
     if args.max_spill is not None and worst > args.max_spill:
         sys.exit(f"a kernel spills {worst} bytes (> {args.max_spill})")
+    if args.max_smem_kb is not None and worst_smem > args.max_smem_kb * 1024:
+        sys.exit(f"a kernel needs {worst_smem / 1024:.0f} KB of shared memory (> {args.max_smem_kb} KB)")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# Compiles every instantiation of the sm70 or sm75 family for its real target
+# (sm_70 / sm_75) and checks what a V100 / T4 would run, without the GPU:
+#   - the machine code uses the family's tensor-core instruction
+#     (sm70: HMMA.884, sm75: HMMA.1688),
+#   - no kernel stores spilled registers to local memory inside its main loop
+#     (scripts/sass_spills.py; ptxas's spill counts are printed too),
+#   - no kernel needs more shared memory than the GPU gives a CTA
+#     (V100: 96 KB, T4: 64 KB).
+# Prints registers, shared memory and spills per kernel (scripts/resource_report.py).
+#
+#   scripts/check_family.sh sm75     # nvcc from $NVCC or /usr/local/cuda (12.x or 13.x)
+#   scripts/check_family.sh sm70     # needs a CUDA 12.x nvcc: $NVCC, or fetched by
+#                                    # scripts/cuda12_toolchain.sh (CUDA 13 has no sm_70)
+# Head dims: FLASHATTN_HEAD_DIMS (default all eight buckets). Jobs: $JOBS (default nproc).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+family=${1:?usage: scripts/check_family.sh sm70|sm75}
+case $family in
+  sm70) arch=70 smem_kb=96 hmma=HMMA.884 ;;
+  sm75) arch=75 smem_kb=64 hmma=HMMA.1688 ;;
+  *) echo "unknown family '$family' (sm70 or sm75)" >&2; exit 2 ;;
+esac
+if [ -z "${NVCC:-}" ]; then
+  if [ "$family" = sm70 ]; then
+    NVCC=$(FLASHATTN_CUDA12_STATIC=0 scripts/cuda12_toolchain.sh | tail -n1)
+  else
+    NVCC=/usr/local/cuda/bin/nvcc
+  fi
+fi
+CUOBJDUMP=$(dirname "$NVCC")/cuobjdump
+[ -x "$CUOBJDUMP" ] || CUOBJDUMP=$(command -v cuobjdump) || { echo "no cuobjdump next to $NVCC or on PATH" >&2; exit 2; }
+CUTE=$(python3 -c "import cutlass_library, os; print(os.path.join(os.path.dirname(cutlass_library.__file__), 'source', 'include'))")
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+
+# One file per pass and head dim, as CMakeLists.txt generates them.
+for d in ${FLASHATTN_HEAD_DIMS:-32 64 96 128 160 192 224 256}; do
+  for pass in fwd bwd; do
+    printf '#include "flashattn/launch/%s_%s.h"\nnamespace flashattn {\nvoid %s_%s_hd%s(const %sParams& p, cudaStream_t s) { launch_%s_%s<cutlass::half_t, %s>(p, s); }\n}\n' \
+      "$pass" "$family" "$pass" "$family" "$d" "${pass^}" "$pass" "$family" "$d" > "$work/${pass}_$d.cu"
+  done
+done
+echo "$family: compiling $(ls "$work"/*.cu | wc -l) files for sm_$arch with $("$NVCC" --version | tail -n1)"
+start=$(date +%s)
+ls "$work"/*.cu | xargs -P "${JOBS:-$(nproc)}" -I{} sh -c \
+  "'$NVCC' -c {} -o {}.o -I include -I '$CUTE' -O3 --use_fast_math --expt-relaxed-constexpr -std=c++17 \
+   -gencode arch=compute_$arch,code=sm_$arch -Xptxas=-v > {}.log 2>&1 || { cat {}.log; exit 255; }"
+echo "compiled in $(( $(date +%s) - start )) s"
+cat "$work"/*.log > "$work/all.log"
+
+status=0
+for obj in "$work"/*.o; do
+  "$CUOBJDUMP" -sass "$obj" > "$obj.sass"
+  if ! grep -q "$hmma" "$obj.sass"; then
+    echo "FAIL: $(basename "$obj" .cu.o) has no $hmma in its sm_$arch code" >&2
+    status=1
+  fi
+done
+[ $status -eq 0 ] && echo "every file's sm_$arch code uses $hmma"
+python3 scripts/resource_report.py "$work/all.log" --max-smem-kb "$smem_kb" || status=1
+# Spills: none may be stored inside a main loop (ptxas counts above include the
+# prologue and epilogue; this looks at where the local-memory accesses are).
+cat "$work"/*.sass | python3 scripts/sass_spills.py || status=1
+exit $status
