@@ -134,3 +134,24 @@ def test_built_extension_loads():
     if not info["families"]:
         pytest.skip("no compiled extension in this install")
     assert info["extension_loaded"], info["extension_error"]
+
+
+def test_extension_exports_no_cxx_runtime():
+    # Static archives linked into the module (cudart, or libstdc++.a where the
+    # toolchain has no shared one) must stay private: exported, their symbols bind
+    # to the process's libstdc++ at load time, and a failing argument check then
+    # crashed formatting its message (CMakeLists.txt, --exclude-libs).
+    import importlib.util
+    import shutil
+    import subprocess
+
+    spec = importlib.util.find_spec("flashattn._C")
+    if spec is None or spec.origin is None or shutil.which("nm") is None:
+        pytest.skip("no built extension or no nm")
+    lines = subprocess.run(["nm", "-D", "--defined-only", spec.origin], capture_output=True, text=True,
+                           check=True).stdout.splitlines()
+    # Weak (W/V) symbols are template instantiations from headers, emitted by any
+    # C++ module; strong ones from the C++ runtime would be a linked-in copy of it.
+    strong = [f[2] for f in (line.split() for line in lines) if len(f) == 3 and f[1] in "TDBR"]
+    leaked = [s for s in strong if s.startswith(("_ZNSt", "_ZSt", "_ZNKSt", "_ZTI", "_ZTS", "__cxa_", "__gxx_"))]
+    assert not leaked, f"the extension exports C++ runtime symbols: {leaked[:5]}"
