@@ -72,8 +72,10 @@ struct Sm70FwdTraits : Sm80FwdTraits<Element_, kHeadDim_, kBlockM_, kBlockN_, kN
   static constexpr int kSmemSize = Base::kSmemSize + int(size(SmemLayoutP{})) * int(sizeof(Element));
   static_assert(kSmemSize <= 96 * 1024, "a Volta CTA has at most 96 KB of shared memory");
 
-  // No cp.async: 16-byte loads into registers, then 16-byte shared stores.
+  // No cp.async: 16-byte loads into registers, then 16-byte shared stores; the
+  // next K/V tile is loaded into registers while the current one is used.
   static constexpr bool kCopyZeroFills = false;
+  static constexpr bool kRegisterPrefetch = true;
   using GmemTiledCopyQKV = decltype(make_tiled_copy(Copy_Atom<UniversalCopy<uint128_t>, Element>{},
                                                     typename Base::GmemLayoutAtom{}, Layout<Shape<_1, _8>>{}));
 };

@@ -7,7 +7,9 @@
 
 namespace flashattn {
 
-template <typename Element_, int kHeadDim_, int kBlockM_, int kBlockN_, int kNWarps_>
+// kRegisterPrefetch_: the next K/V tile is loaded into registers while the
+// current one is used (StagedTileCopy), where the registers allow it.
+template <typename Element_, int kHeadDim_, int kBlockM_, int kBlockN_, int kNWarps_, bool kRegisterPrefetch_>
 struct Sm75FwdTraits : Sm80FwdTraits<Element_, kHeadDim_, kBlockM_, kBlockN_, kNWarps_> {
   using Base = Sm80FwdTraits<Element_, kHeadDim_, kBlockM_, kBlockN_, kNWarps_>;
   static constexpr const char* kFamily = "sm75";
@@ -34,6 +36,7 @@ struct Sm75FwdTraits : Sm80FwdTraits<Element_, kHeadDim_, kBlockM_, kBlockN_, kN
   using SmemCopyAtomTransposedB = SmemCopyAtomTransposed;
   // No cp.async: 16-byte loads into registers, then 16-byte shared stores.
   static constexpr bool kCopyZeroFills = false;
+  static constexpr bool kRegisterPrefetch = kRegisterPrefetch_;
   using GmemTiledCopyQKV = decltype(make_tiled_copy(Copy_Atom<UniversalCopy<uint128_t>, Element>{},
                                                     typename Base::GmemLayoutAtom{}, Layout<Shape<_1, _8>>{}));
 };

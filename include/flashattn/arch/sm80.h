@@ -86,8 +86,10 @@ struct Sm80FwdTraits : Sm80AccumulatorLayout {
   using GmemLayoutAtom = Layout<Shape<Int<kNThreads / kGmemThreadsPerRow>, Int<kGmemThreadsPerRow>>,
                                 Stride<Int<kGmemThreadsPerRow>, _1>>;
   static_assert(kBlockN % (kNThreads / kGmemThreadsPerRow) == 0, "K/V tile smaller than one copy pass");
-  // cp.async that zero-fills rows and columns outside the tensor by itself.
+  // cp.async that zero-fills rows and columns outside the tensor by itself; it
+  // overlaps loads with compute without staging them in registers.
   static constexpr bool kCopyZeroFills = true;
+  static constexpr bool kRegisterPrefetch = false;
   using GmemTiledCopyQKV = decltype(make_tiled_copy(
       Copy_Atom<SM80_CP_ASYNC_CACHEGLOBAL_ZFILL<uint128_t>, Element>{}, GmemLayoutAtom{}, Layout<Shape<_1, _8>>{}));
   // Shared -> global for the output: 16-byte stores.

@@ -2,7 +2,8 @@
 // One CTA computes kBlockM query rows of one (batch, head): it walks the key
 // blocks it can see, from the last to the first, keeping an online softmax.
 // Loads overlap compute: V[n] arrives while S = Q.K[n]^T is computed, and
-// K[n-1] while the softmax and O += P.V[n] run.
+// K[n-1] while the softmax and O += P.V[n] run (through cp.async, or through
+// registers where there is none: StagedTileCopy).
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -129,6 +130,9 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(const FwdPara
 
     clear(acc_o);
     OnlineSoftmax<kRows, Traits::kRowShuffleMask> softmax;
+    // V[n] loads during S = Q K[n]^T, K[n-1] during the softmax and O += P V[n].
+    using Staged = StagedTileCopy<Traits::kRegisterPrefetch, Traits::kCopyZeroFills, Element, decltype(tKsK)>;
+    Staged load_v, load_k;
     // ALiBi slope of this (batch, head), in kernel-score units; 0 when off.
     const float alibi_slope =
         !kScoreMods || params.alibi_slopes == nullptr
@@ -141,7 +145,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(const FwdPara
       clear(acc_s);
       cp_async_wait<0>();
       __syncthreads();  // K[n] (and Q) landed; everyone is done with V[n+1]
-      copy_tile<Traits::kCopyZeroFills>(gmem_copy, tVgV, tVsV, tKcK, tKpK, params.seqlen_k - n0);
+      load_v.issue(gmem_copy, tVgV, tVsV, tKcK, tKpK, params.seqlen_k - n0);
       tVgV.data() = tVgV.data() + v_block_step;
       cp_async_fence();
 
@@ -155,11 +159,12 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(const FwdPara
       }
       if (mask.tile_needs_mask(m0, kBlockM, n0, kBlockN)) mask.apply(acc_s, tScS, tScS0, m0, n0);
 
+      load_v.commit(gmem_copy, tVsV);
       cp_async_wait<0>();
       __syncthreads();  // V[n] landed; everyone is done with K[n]
       if (n_block > n_begin) {
         tKgK.data() = tKgK.data() + k_block_step;
-        copy_tile<Traits::kCopyZeroFills>(gmem_copy, tKgK, tKsK, tKcK, tKpK, params.seqlen_k - n0 + kBlockN);
+        load_k.issue(gmem_copy, tKgK, tKsK, tKcK, tKpK, params.seqlen_k - n0 + kBlockN);
         cp_async_fence();
       }
 
@@ -183,6 +188,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(const FwdPara
         Tensor tOrP = make_tensor(rP.data(), Traits::c_to_a(rP.layout()));
         gemm_reg_smem(acc_o, tOrP, tOrVt, tOsVt, tiled_mma_pv, smem_copy_v);
       }
+      if (n_block > n_begin) load_k.commit(gmem_copy, tKsK);  // read after the next barrier
     }
     softmax.finalize(acc_o_rc, params.score_scale, lse);
   } else {

@@ -89,6 +89,33 @@ __device__ __forceinline__ void copy_tile(TiledCopy tiled_copy, const Src& src, 
   }
 }
 
+// A tile's global->shared copy in two steps, so that its loads are in flight
+// while the warps compute: issue() before a product, commit() after it.
+// kThroughRegisters (sm70, sm75: no cp.async) loads into registers in issue()
+// and stores them to shared memory in commit(); otherwise issue() copies
+// straight to shared memory (asynchronously with cp.async, kZeroFills) and
+// commit() does nothing.
+template <bool kThroughRegisters, bool kZeroFills, typename Element, typename DstPartition>
+struct StagedTileCopy {
+  using Registers = decltype(make_tensor<Element>(shape(std::declval<DstPartition>())));
+  std::conditional_t<kThroughRegisters, Registers, int> regs;
+
+  template <typename TiledCopy, typename Src, typename Dst, typename Coords, typename ColPred>
+  __device__ __forceinline__ void issue(TiledCopy tiled_copy, const Src& src, Dst& dst, const Coords& coords,
+                                        const ColPred& col_ok, int rows_left) {
+    if constexpr (kThroughRegisters) {
+      copy_tile<false>(tiled_copy, src, regs, coords, col_ok, rows_left);
+    } else {
+      copy_tile<kZeroFills>(tiled_copy, src, dst, coords, col_ok, rows_left);
+    }
+  }
+
+  template <typename TiledCopy, typename Dst>
+  __device__ __forceinline__ void commit(TiledCopy tiled_copy, Dst& dst) {
+    if constexpr (kThroughRegisters) copy(tiled_copy, regs, dst);
+  }
+};
+
 // Registers -> global store of one tile; rows/columns outside are skipped.
 template <typename TiledCopy, typename Src, typename Dst, typename Coords, typename ColPred>
 __device__ __forceinline__ void store_tile(TiledCopy tiled_copy, const Src& src, Dst& dst,
