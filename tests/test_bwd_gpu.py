@@ -395,3 +395,55 @@ def test_training_matches_sdpa():
     assert all(math.isfinite(x) for x in ours)
     assert ours[-1] < ours[0], f"the loss did not go down: {ours[0]:.3f} -> {ours[-1]:.3f}"
     assert max(diffs) < 0.02, f"loss curves differ by up to {max(diffs):.4f}: {ours} vs {theirs}"
+
+
+# ---- scores in the thousands
+
+
+LARGE_SCORE_CASES = {
+    # The case an independent test found: MQA decode, d = 24, 4097 keys.
+    "mqa_decode": dict(b=1, s_q=1, s_k=4097, h=16, h_k=1, d=24, causal=False),
+    "mqa_decode_d64": dict(b=1, s_q=1, s_k=4097, h=16, h_k=1, d=64, causal=False),
+    "gqa_causal": dict(b=2, s_q=200, s_k=333, h=8, h_k=2, d=64, causal=True),
+    "d128": dict(b=1, s_q=130, s_k=1030, h=4, h_k=4, d=128, causal=False),
+}
+
+
+@pytest.mark.parametrize("case", LARGE_SCORE_CASES)
+@pytest.mark.parametrize("family, dtype", FAMILY_DTYPES)
+def test_large_scores(family, dtype, case):
+    # q and k scaled by 20: scores in the thousands. The backward recomputes P from
+    # the forward's lse, so the lse must be as accurate as fp32 allows (an lse off by
+    # 3.7e-3, as the rescaling across key blocks once made it, is P off by 0.37%),
+    # and P in the backward must match the forward's. Yardsticks: the fp64
+    # reference; PyTorch's math in fp32 (rounded to the dtype) and in the dtype.
+    c = LARGE_SCORE_CASES[case]
+    fam = require(family, dtype, c["d"])
+    q, k, v = make_qkv(c["b"], c["s_q"], c["s_k"], c["h"], c["h_k"], c["d"], dtype, seed=7)
+    q, k = q * 20, k * 20
+    g = torch.Generator("cuda").manual_seed(8)
+    dout = torch.randn(q.shape, generator=g, device="cuda", dtype=dtype)
+    scale = 1.0 / math.sqrt(c["d"])
+    args = (None, None, 0.0, scale, c["causal"], -1, -1, 0.0)
+    out = torch.full_like(q, float("nan"))
+    lse = call_kernel(OPS.fwd_out, q, k, v, out, *args, fam)
+    grads = [torch.full_like(t, float("nan")) for t in (q, k, v)]
+    call_kernel(OPS.bwd_out, dout, q, k, v, out, lse, *grads, *args, False, fam)
+
+    kw = {"softmax_scale": scale, "causal": c["causal"]}
+    qd, kd, vd, dod = (t.double() for t in (q, k, v, dout))
+    ref_out, ref_lse = reference.attention(qd, kd, vd, **kw)
+    ref = reference.attention_bwd(dod, qd, kd, vd, ref_out, ref_lse, **kw)
+    # lse: a few fp32 spacings of its magnitude (it is ~max score * scale)
+    lse_err = (lse.double() - ref_lse).abs().max().item()
+    lse_bound = 8 * torch.finfo(torch.float32).eps * ref_lse.abs().max().item()
+    assert lse_err <= lse_bound, f"lse error {lse_err:.2e} > {lse_bound:.2e}"
+    # out and dv depend on P alone: within 3x fp32 math's error (rounded to the dtype).
+    fp32_out = reference.attention(q.float(), k.float(), v.float(), **kw)[0].to(dtype)
+    fp32_dv = reference_grads(dout, q, k, v, upcast=True, **kw)[2].to(dtype)
+    assert_standard("out", out, ref_out, fp32_out, BWD_FACTOR, 1e-4)
+    assert_standard("dv", grads[2], ref[2], fp32_dv, BWD_FACTOR, 1e-4)
+    # dq, dk: the standard with flash_attn's overflow-test epsilon.
+    lowp = reference_grads(dout, q, k, v, upcast=False, **kw)
+    for name, ours, r, lp in zip(("dq", "dk"), grads[:2], ref[:2], lowp[:2]):
+        assert_standard(name, ours, r, lp, BWD_FACTOR, 1e-3)

@@ -312,13 +312,13 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const BwdPara
     const bool has_next = it + 1 < num_iters;
     const int64_t bh = int64_t(batch) * params.heads + head;
 
-    // lse (in log2 units; +inf past the end: P = 0 there) and D of this thread's rows.
-    float lse_log2[kRows], d_row[kRows];
+    // lse in log2 units as hi + lo (+inf past the end: P = 0 there) and D of this thread's rows.
+    float lse_hi[kRows], lse_lo[kRows], d_row[kRows];
     CUTE_UNROLL
     for (int r = 0; r < kRows; ++r) {
       const int row = m0 + get<0>(tScS_rc(r, 0));
       const bool in = row < params.seqlen_q;
-      lse_log2[r] = in ? params.softmax_lse[bh * params.seqlen_q + row] * float(M_LOG2E) : INFINITY;
+      lse_to_log2(in ? params.softmax_lse[bh * params.seqlen_q + row] : INFINITY, lse_hi[r], lse_lo[r]);
       d_row[r] = in ? params.softmax_d[bh * params.seqlen_q_rounded + row] : 0.f;
     }
 
@@ -343,7 +343,9 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const BwdPara
     clear(acc_dp);
     gemm_smem_smem(acc_dp, tdPrdO, tdPrV, tdPsdO, tdPsV, mma_sdp, copy_sdp_a, copy_sdp_b);
 
-    // P = exp2(S * scale_log2 - lse_log2), masked to 0; dS = P (dP - D).
+    // P = exp2(S * scale_log2 - lse_log2), masked to 0; dS = P (dP - D). The
+    // exponent is one FMA with the lse's high part, then its low part: no large
+    // term cancels after a rounding.
     auto dcap = make_tensor_like(acc_s);  // d(softcap(x))/dx, kScoreMods only
     if constexpr (kScoreMods) {
       if (softcap > 0.f) {
@@ -365,7 +367,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const BwdPara
     CUTE_UNROLL
     for (int r = 0; r < kRows; ++r) {
       CUTE_UNROLL
-      for (int c = 0; c < size<1>(s_rc); ++c) s_rc(r, c) = fmaf(s_rc(r, c), scale_log2, -lse_log2[r]);
+      for (int c = 0; c < size<1>(s_rc); ++c) s_rc(r, c) = fmaf(s_rc(r, c), scale_log2, -lse_hi[r]) - lse_lo[r];
     }
     // Masked after scaling, so that a zero softmax_scale cannot turn -inf into NaN.
     if (mask.tile_needs_mask(m0, kBlockM, n0, kBlockN)) mask.apply(acc_s, tScS, tScS0, m0, n0);

@@ -190,7 +190,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(const FwdPara
       }
       if (n_block > n_begin) load_k.commit(gmem_copy, tKsK);  // read after the next barrier
     }
-    softmax.finalize(acc_o_rc, params.score_scale, lse);
+    softmax.finalize(acc_o_rc, params.score_scale_log2, lse);
   } else {
     // No key is visible to any row of this block: output 0, lse +inf.
     clear(acc_o);

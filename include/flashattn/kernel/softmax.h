@@ -32,7 +32,11 @@ struct OnlineSoftmax {
       // A row that has seen only masked keys keeps max -inf: use 0 so that
       // exp2(-inf - 0) = 0 instead of NaN.
       const float m_scaled = m == -INFINITY ? 0.f : m * scale_log2;
-      const float correction = row_max[r] == -INFINITY ? 0.f : exp2f(row_max[r] * scale_log2 - m_scaled);
+      // The maxima's difference first, then the scale: exactly 1 when the maximum
+      // did not move. (exp2(old * scale - m_scaled) carries m_scaled's rounding,
+      // up to 1e-4 when scores are in the thousands, into every key block: a
+      // systematic drift of row_sum, and so of the lse, by ~0.5% over 4k keys.)
+      const float correction = row_max[r] == -INFINITY ? 0.f : exp2f((row_max[r] - m) * scale_log2);
       row_max[r] = m;
       row_sum[r] *= correction;
       CUTE_UNROLL
@@ -49,15 +53,21 @@ struct OnlineSoftmax {
   }
 
   // Normalises out and returns, per row, the log-sum-exp of the scaled
-  // scores; +inf for a row that saw no key (its output is 0).
+  // scores (natural log); +inf for a row that saw no key (its output is 0).
+  // The lse is built from the very maximum update() subtracted (m * scale_log2,
+  // the same fp32 product) plus log2(sum), in double, and rounded once: the
+  // backward recomputes P = exp2(s * scale_log2 - lse * log2(e)), and with scores
+  // in the thousands each extra fp32 rounding of the lse (~1e-4 there) would be
+  // a relative error of P.
   template <typename Out>
-  __device__ void finalize(Out& out, float scale, float (&lse)[kRows]) {
+  __device__ void finalize(Out& out, float scale_log2, float (&lse)[kRows]) {
     CUTE_UNROLL
     for (int r = 0; r < kRows; ++r) {
       const float sum = lane_allreduce<kRowShuffleMask>(row_sum[r], [](float a, float b) { return a + b; });
       const bool empty = sum == 0.f || sum != sum;
       const float inv = empty ? 0.f : 1.f / sum;
-      lse[r] = empty ? INFINITY : row_max[r] * scale + __logf(sum);
+      const float m_scaled = row_max[r] * scale_log2;
+      lse[r] = empty ? INFINITY : float((double(m_scaled) + double(__log2f(sum))) * 0.69314718055994530942);
       CUTE_UNROLL
       for (int c = 0; c < size<1>(out); ++c) out(r, c) *= inv;
     }

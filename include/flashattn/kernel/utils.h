@@ -182,6 +182,18 @@ __device__ __forceinline__ void scratch_load(const float* tile, Fragment& acc, i
   }
 }
 
+// lse * log2(e) as an unevaluated sum hi + lo of two floats (error ~2^-45 of it):
+// the backward subtracts hi inside its FMA and lo after it, so that the lse's
+// conversion to log2 units adds no rounding at magnitudes where an fp32 ulp is
+// 1e-4 or more (scores in the thousands). +inf (a row that sees no key) stays
+// hi = +inf, lo = 0.
+__device__ __forceinline__ void lse_to_log2(float lse, float& hi, float& lo) {
+  constexpr float kLog2eHi = 1.4426950216293335f;   // float(log2(e))
+  constexpr float kLog2eLo = 1.925963033500011e-08f;  // log2(e) - kLog2eHi
+  hi = lse * kLog2eHi;
+  lo = isinf(lse) ? 0.f : fmaf(lse, kLog2eHi, -hi) + lse * kLog2eLo;
+}
+
 // tanh through one exp2 and one reciprocal: accurate to a few ulp of 1 (unlike
 // tanh.approx) and lighter on registers than tanhf. Saturates to +-1.
 __device__ __forceinline__ float tanh_exp2(float x) {
