@@ -11,10 +11,13 @@ namespace flashattn {
 
 using FwdKernelFn = void (*)(const FwdParams&, cudaStream_t);
 
+// One tile of one kernel: the dispatcher runs, for the smallest bucket that
+// holds the head dim, the tile with the most shared memory that fits the device.
 struct FwdKernelEntry {
   int family;          // 70, 75, 80
   const char* dtype;   // "fp16", "bf16"
   int head_dim;        // bucket: serves head dims up to this
+  int smem_bytes;      // dynamic shared memory per CTA; 0: no kernel in this tile set
   FwdKernelFn fn;
 };
 
@@ -24,6 +27,7 @@ struct BwdKernelEntry {
   int family;
   const char* dtype;
   int head_dim;  // bucket; also the row length of the dq accumulator
+  int smem_bytes;
   BwdKernelFn fn;
 };
 

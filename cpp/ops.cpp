@@ -13,6 +13,9 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <tuple>
@@ -77,11 +80,45 @@ void check_attn_tensor(const Tensor& t, const char* name, const Tensor& q) {
   check_aligned(t, name);
 }
 
-int device_capability(int device) {
-  int major = 0, minor = 0;
-  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
-  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
-  return major * 10 + minor;
+// What the dispatcher needs of a device, queried once per device and process.
+struct DeviceInfo {
+  int cc = 0;             // compute capability, 10 * major + minor
+  int num_sms = 0;
+  int max_smem = 0;       // opt-in shared memory per block, capped by FLASHATTN_MAX_SMEM_KB
+  int optin_smem = 0;     // the device's own limit
+};
+
+constexpr int kMaxDevices = 64;
+
+// FLASHATTN_MAX_SMEM_KB caps the shared memory a launch may use (e.g. 99 runs the
+// tiles of cc 8.6/8.9 GPUs on any GPU). Read once, at a device's first call.
+int smem_cap_bytes() {
+  const char* text = std::getenv("FLASHATTN_MAX_SMEM_KB");
+  if (text == nullptr || *text == '\0') return 0;
+  char* end = nullptr;
+  const long kb = std::strtol(text, &end, 10);
+  FA_CHECK(end != text && *end == '\0' && kb > 0 && kb < (1 << 20),
+           "FLASHATTN_MAX_SMEM_KB='", text, "' is not a positive number of KB (e.g. 99); unset it "
+           "to use all of the GPU's shared memory");
+  return static_cast<int>(kb * 1024);
+}
+
+const DeviceInfo& device_info(int device) {
+  static DeviceInfo infos[kMaxDevices];
+  static std::once_flag once[kMaxDevices];
+  FA_CHECK(device >= 0 && device < kMaxDevices, "CUDA device index ", device, " is out of range");
+  std::call_once(once[device], [device] {
+    DeviceInfo& info = infos[device];
+    int major = 0, minor = 0;
+    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+    cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
+    cudaDeviceGetAttribute(&info.num_sms, cudaDevAttrMultiProcessorCount, device);
+    cudaDeviceGetAttribute(&info.optin_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
+    info.cc = major * 10 + minor;
+    const int cap = smem_cap_bytes();
+    info.max_smem = cap > 0 && cap < info.optin_smem ? cap : info.optin_smem;
+  });
+  return infos[device];
 }
 
 int family_for_capability(int cc) {
@@ -119,23 +156,44 @@ struct Options {
 };
 
 // The kernel of the table for (family, dtype, head dim): the smallest head-dim
-// bucket that holds d. `what` names the pass in the error.
+// bucket that holds d, and of its tiles the one with the most shared memory
+// that fits `max_smem`. `what` names the pass in the errors, whose text is
+// built only when they are raised.
 template <typename Entry>
 const Entry& find_kernel(const std::vector<Entry>& table, int family, ScalarType dt, int64_t d,
-                         const char* what) {
+                         const DeviceInfo& dev, const char* what) {
   const char* dtype = dt == ScalarType::Half ? "fp16" : "bf16";
-  const Entry* found = nullptr;
-  std::string built;
+  int bucket = 0;
   for (const auto& e : table) {
-    if (e.family != family || std::string(e.dtype) != dtype) continue;
-    built += " " + std::to_string(e.head_dim);
-    if (e.head_dim >= d && (found == nullptr || e.head_dim < found->head_dim)) found = &e;
+    if (e.family == family && std::strcmp(e.dtype, dtype) == 0 && e.smem_bytes > 0 && e.head_dim >= d &&
+        (bucket == 0 || e.head_dim < bucket))
+      bucket = e.head_dim;
   }
-  FA_CHECK(found != nullptr, "this build has no ", what, " kernel for family sm", family, ", ",
-           dtype, ", head dim ", d, " (built head-dim buckets for it:",
-           built.empty() ? " none" : built, "); rebuild with FLASHATTN_FAMILIES / "
-           "FLASHATTN_DTYPES / FLASHATTN_HEAD_DIMS covering it");
-  return *found;
+  const Entry* found = nullptr;
+  int smallest = 0;
+  for (const auto& e : table) {
+    if (e.family != family || e.head_dim != bucket || e.smem_bytes == 0 || std::strcmp(e.dtype, dtype) != 0)
+      continue;
+    if (smallest == 0 || e.smem_bytes < smallest) smallest = e.smem_bytes;
+    if (e.smem_bytes <= dev.max_smem && (found == nullptr || e.smem_bytes > found->smem_bytes)) found = &e;
+  }
+  if (found != nullptr) return *found;
+  if (bucket == 0) {
+    std::string built;
+    for (const auto& e : table) {
+      if (e.family == family && std::strcmp(e.dtype, dtype) == 0 && e.smem_bytes > 0)
+        built += " " + std::to_string(e.head_dim);
+    }
+    FA_CHECK(false, "this build has no ", what, " kernel for family sm", family, ", ", dtype, ", head dim ",
+             d, " (built head-dim buckets for it:", built.empty() ? " none" : built,
+             "); rebuild with FLASHATTN_FAMILIES / FLASHATTN_DTYPES / FLASHATTN_HEAD_DIMS covering it");
+  }
+  const bool capped = dev.max_smem < dev.optin_smem;
+  FA_CHECK(false, "the sm", family, " ", what, " kernel for head-dim bucket ", bucket, " needs ",
+           smallest / 1024, " KB of shared memory per block, and ",
+           capped ? "FLASHATTN_MAX_SMEM_KB allows " : "this GPU allows ", dev.max_smem / 1024,
+           " KB; ", capped ? "raise or unset FLASHATTN_MAX_SMEM_KB" : "use a smaller head dim");
+  return *found;  // unreachable
 }
 
 // Checks q/k/v and the options, fills the forward params (pointers to out and
@@ -178,7 +236,8 @@ int prepare_fwd(const Tensor& q, const Tensor& k, const Tensor& v, const Options
            ") has no CUDA kernel yet; use dropout_p=0 (the CPU reference implements it)");
 
   const int device = q.get_device_index();
-  const int cc = device_capability(device);
+  const DeviceInfo& dev = device_info(device);
+  const int cc = dev.cc;
   int family = static_cast<int>(o.family);
   if (family == 0) family = family_for_capability(cc);
   FA_CHECK(family == 70 || family == 75 || family == 80, "unknown kernel family ", family,
@@ -234,9 +293,8 @@ int prepare_fwd(const Tensor& q, const Tensor& k, const Tensor& v, const Options
   p.window_left = static_cast<int>(wl);
   p.window_right = static_cast<int>(wr);
   p.is_bf16 = dt == ScalarType::BFloat16;
-  int sms = 0;
-  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-  p.num_sms = sms;
+  p.num_sms = dev.num_sms;
+  p.device = device;
   return family;
 }
 
@@ -262,7 +320,8 @@ Tensor run_fwd(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& 
                const Options& o) {
   FwdParams p;
   const int family = prepare_fwd(q, k, v, o, p);
-  FwdKernelFn fn = find_kernel(fwd_kernel_table(), family, q.scalar_type(), q.size(3), "forward").fn;
+  FwdKernelFn fn =
+      find_kernel(fwd_kernel_table(), family, q.scalar_type(), q.size(3), device_info(p.device), "forward").fn;
   check_out(out, q);
   torch::stable::accelerator::DeviceGuard guard(q.get_device_index());
   Tensor lse = torch::stable::empty({q.size(0), q.size(2), q.size(1)}, ScalarType::Float,
@@ -318,27 +377,24 @@ void run_bwd(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor&
   check_like(dq, "dq", q, "q", q);
   check_like(dk, "dk", k, "k", q);
   check_like(dv, "dv", v, "v", q);
-  bool has_bwd_family = false;
-  for (const auto& e : bwd_kernel_table()) has_bwd_family |= e.family == family;
-  FA_CHECK(has_bwd_family, "the sm", family, " family has no backward kernel yet; train with "
-           "family=\"sm80\" on sm_80+ GPUs (or on CPU tensors, through the reference)");
   const BwdKernelEntry& kernel =
-      find_kernel(bwd_kernel_table(), family, q.scalar_type(), q.size(3), "backward");
+      find_kernel(bwd_kernel_table(), family, q.scalar_type(), q.size(3), device_info(p.device), "backward");
 
   torch::stable::accelerator::DeviceGuard guard(q.get_device_index());
-  const Tensor lse = torch::stable::contiguous(lse_in);
   const int64_t b = q.size(0), h = q.size(2), s_q = q.size(1);
+  // The lse the forward returned is contiguous; only another one costs a copy.
+  const bool lse_contiguous = lse_in.stride(2) == 1 && lse_in.stride(1) == s_q && lse_in.stride(0) == h * s_q;
+  const Tensor lse = lse_contiguous ? lse_in : torch::stable::contiguous(lse_in);
   const int64_t s_q_rounded = (s_q + kBwdSeqlenQRounding - 1) / kBwdSeqlenQRounding *
                               kBwdSeqlenQRounding;
-  Tensor dq_accum = torch::stable::empty({b, h, s_q_rounded, kernel.head_dim}, ScalarType::Float,
-                                         std::nullopt, q.device());
-  Tensor softmax_d = torch::stable::empty({b, h, s_q_rounded}, ScalarType::Float, std::nullopt,
-                                          q.device());
-  std::optional<Tensor> semaphore;
-  if (deterministic) {
-    semaphore = torch::stable::empty({b, h, s_q_rounded / kBwdSemaphoreRows}, ScalarType::Int,
-                                     std::nullopt, q.device());
-  }
+  // One fp32 workspace: dq_accum (b, h, s_q_rounded, bucket), softmax_d (b, h,
+  // s_q_rounded) and, in deterministic mode, the int32 semaphores.
+  const int64_t rows = b * h * s_q_rounded;
+  const int64_t semaphores = deterministic ? rows / kBwdSemaphoreRows : 0;
+  Tensor workspace = torch::stable::empty({rows * (kernel.head_dim + 1) + semaphores}, ScalarType::Float,
+                                          std::nullopt, q.device());
+  float* const dq_accum = static_cast<float*>(workspace.data_ptr());
+  float* const softmax_d = dq_accum + rows * kernel.head_dim;
 
   p.out = out.data_ptr();
   p.out_batch_stride = out.stride(0), p.out_row_stride = out.stride(1),
@@ -353,9 +409,9 @@ void run_bwd(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor&
   p.dk_batch_stride = dk.stride(0), p.dk_row_stride = dk.stride(1), p.dk_head_stride = dk.stride(2);
   p.dv = dv.data_ptr();
   p.dv_batch_stride = dv.stride(0), p.dv_row_stride = dv.stride(1), p.dv_head_stride = dv.stride(2);
-  p.dq_accum = static_cast<float*>(dq_accum.data_ptr());
-  p.softmax_d = static_cast<float*>(softmax_d.data_ptr());
-  p.dq_semaphore = semaphore.has_value() ? static_cast<int*>(semaphore->data_ptr()) : nullptr;
+  p.dq_accum = dq_accum;
+  p.softmax_d = softmax_d;
+  p.dq_semaphore = deterministic ? reinterpret_cast<int*>(softmax_d + rows) : nullptr;
   p.seqlen_q_rounded = static_cast<int>(s_q_rounded);
   p.deterministic = deterministic;
   kernel.fn(p, current_stream(q.get_device_index()));

@@ -1,15 +1,18 @@
 #!/usr/bin/env bash
 # Compiles every instantiation of the sm70 or sm75 family for its real target
-# (sm_70 / sm_75) and checks what a V100 / T4 would run, without the GPU:
+# (sm_70 / sm_75), or of the sm80 family for sm_86, and checks what a V100 / T4 /
+# 99 KB Ampere-Ada GPU would run, without the GPU:
 #   - the machine code uses the family's tensor-core instruction
 #     (sm70: HMMA.884, sm75: HMMA.1688),
 #   - no kernel stores spilled registers to local memory inside its main loop
 #     (scripts/sass_spills.py; ptxas's spill counts are printed too),
 #   - no kernel needs more shared memory than the GPU gives a CTA
-#     (V100: 96 KB, T4: 64 KB).
+#     (V100: 96 KB, T4: 64 KB, sm_86/sm_89: 99 KB).
 # Prints registers, shared memory and spills per kernel (scripts/resource_report.py).
 #
 #   scripts/check_family.sh sm75     # nvcc from $NVCC or /usr/local/cuda (12.x or 13.x)
+#   scripts/check_family.sh sm80     # the sm80 family for sm_86 with the tiles that fit
+#                                    # 99 KB (what an A10 / L4 / RTX 3090 / 4090 runs)
 #   scripts/check_family.sh sm70     # needs a CUDA 12.x nvcc: $NVCC, or fetched by
 #                                    # scripts/cuda12_toolchain.sh (CUDA 13 has no sm_70)
 # Head dims: FLASHATTN_HEAD_DIMS (default all eight buckets). Jobs: $JOBS (default nproc).
@@ -19,7 +22,8 @@ family=${1:?usage: scripts/check_family.sh sm70|sm75}
 case $family in
   sm70) arch=70 smem_kb=96 hmma=HMMA.884 ;;
   sm75) arch=75 smem_kb=64 hmma=HMMA.1688 ;;
-  *) echo "unknown family '$family' (sm70 or sm75)" >&2; exit 2 ;;
+  sm80) arch=86 smem_kb=99 hmma=HMMA.16816 ;;  # the tiles of 99 KB GPUs (A10, L4, RTX 30xx/40xx)
+  *) echo "unknown family '$family' (sm70, sm75 or sm80)" >&2; exit 2 ;;
 esac
 if [ -z "${NVCC:-}" ]; then
   if [ "$family" = sm70 ]; then
@@ -34,11 +38,20 @@ CUTE=$(python3 -c "import cutlass_library, os; print(os.path.join(os.path.dirnam
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
-# One file per pass and head dim, as CMakeLists.txt generates them.
+# One file per pass and head dim, as CMakeLists.txt generates them; for sm80 on
+# sm_86, the tile a 99 KB GPU runs (the kSmem99 set where it has one).
+Fam=Sm${family#sm}
 for d in ${FLASHATTN_HEAD_DIMS:-32 64 96 128 160 192 224 256}; do
   for pass in fwd bwd; do
-    printf '#include "flashattn/launch/%s_%s.h"\nnamespace flashattn {\nvoid %s_%s_hd%s(const %sParams& p, cudaStream_t s) { launch_%s_%s<cutlass::half_t, %s>(p, s); }\n}\n' \
-      "$pass" "$family" "$pass" "$family" "$d" "${pass^}" "$pass" "$family" "$d" > "$work/${pass}_$d.cu"
+    Pass=${pass^}
+    cat > "$work/${pass}_$d.cu" <<EOF
+#include "flashattn/launch/${pass}_${family}.h"
+namespace flashattn {
+using Small = ${Fam}${Pass}<cutlass::half_t, $d, TileSet::kSmem99>;
+using Kernel = std::conditional_t<Small::kBuilt, Small, ${Fam}${Pass}<cutlass::half_t, $d, TileSet::kDefault>>;
+void ${pass}_${family}_hd$d(const ${Pass}Params& p, cudaStream_t s) { launch_${pass}<Kernel>(p, s); }
+}
+EOF
   done
 done
 echo "$family: compiling $(ls "$work"/*.cu | wc -l) files for sm_$arch with $("$NVCC" --version | tail -n1)"

@@ -57,6 +57,7 @@ struct FwdParams {
 
   bool is_bf16 = false;
   int num_sms = 0;  // of the device, for grid heuristics
+  int device = 0;   // CUDA device index (host side: the once-per-device shared-memory opt-in)
 };
 
 // Backward problem: the forward's inputs plus dout/out/lse, producing dq/dk/dv.

@@ -22,11 +22,12 @@ template <> struct Sm70BwdTile<192> { static constexpr int kM = 32, kN = 64,  kW
 template <> struct Sm70BwdTile<224> { static constexpr int kM = 32, kN = 32,  kW = 4, kSdP = 4, kdKV = 4, kdQ = 4; static constexpr bool kDbQ = true; };   // 74 KB
 template <> struct Sm70BwdTile<256> { static constexpr int kM = 32, kN = 32,  kW = 4, kSdP = 4, kdKV = 4, kdQ = 4; static constexpr bool kDbQ = true; };   // 84 KB
 
-template <typename Element, int kHeadDim>
-void launch_bwd_sm70(const BwdParams& params, cudaStream_t stream) {
+// Every tile fits 96 KB: one tile set.
+template <typename Element, int kHeadDim, TileSet kSet>
+struct Sm70Bwd {
+  static constexpr bool kBuilt = kSet == TileSet::kDefault;
   using T = Sm70BwdTile<kHeadDim>;
-  launch_bwd_kernel<Sm70BwdTraits<Element, kHeadDim, T::kM, T::kN, T::kW, T::kSdP, T::kdKV, T::kdQ, T::kDbQ>>(
-      params, stream);
-}
+  using Traits = Sm70BwdTraits<Element, kHeadDim, T::kM, T::kN, T::kW, T::kSdP, T::kdKV, T::kdQ, T::kDbQ>;
+};
 
 }  // namespace flashattn

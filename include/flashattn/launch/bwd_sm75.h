@@ -25,11 +25,12 @@ template <> struct Sm75BwdTile<192> { static constexpr int kM = 32, kN = 32,  kW
 template <> struct Sm75BwdTile<224> { static constexpr int kM = 32, kN = 32,  kW = 4, kSdP = 2, kdKV = 2, kdQ = 2; static constexpr bool kDbQ = false; };  // 60 KB
 template <> struct Sm75BwdTile<256> { static constexpr int kM = 16, kN = 32,  kW = 4, kSdP = 1, kdKV = 2, kdQ = 1; static constexpr bool kDbQ = true; };   // 58 KB
 
-template <typename Element, int kHeadDim>
-void launch_bwd_sm75(const BwdParams& params, cudaStream_t stream) {
+// Every tile fits 64 KB: one tile set.
+template <typename Element, int kHeadDim, TileSet kSet>
+struct Sm75Bwd {
+  static constexpr bool kBuilt = kSet == TileSet::kDefault;
   using T = Sm75BwdTile<kHeadDim>;
-  launch_bwd_kernel<Sm75BwdTraits<Element, kHeadDim, T::kM, T::kN, T::kW, T::kSdP, T::kdKV, T::kdQ, T::kDbQ>>(
-      params, stream);
-}
+  using Traits = Sm75BwdTraits<Element, kHeadDim, T::kM, T::kN, T::kW, T::kSdP, T::kdKV, T::kdQ, T::kDbQ>;
+};
 
 }  // namespace flashattn

@@ -1,10 +1,14 @@
 // Host side of a forward launch, shared by every family: grid, shared memory.
+// A family's launch header names, per head-dim bucket and tile set, a `Kernel`
+// with `Traits` and `kBuilt` (launch/tile_set.h); the generated instantiation
+// files call launch_fwd<Kernel> and publish fwd_smem_bytes<Kernel> for the
+// kernel table, which picks the largest tile that fits the device.
 #pragma once
 
 #include <cuda_runtime.h>
 
 #include "flashattn/kernel/fwd.h"
-#include "flashattn/launch/smem_check.h"
+#include "flashattn/launch/tile_set.h"
 #include "flashattn/params.h"
 
 namespace flashattn {
@@ -13,16 +17,26 @@ template <typename Traits>
 void launch_fwd_kernel(const FwdParams& params, cudaStream_t stream) {
   constexpr int kSmem = Traits::kSmemSize;
   const bool score_mods = params.softcap > 0.f || params.alibi_slopes != nullptr;
-  auto kernel = score_mods ? &fwd_kernel<Traits, true> : &fwd_kernel<Traits, false>;
-  check_smem_fits(kSmem, Traits::kFamily, "forward", Traits::kHeadDim);
-  if constexpr (kSmem >= 48 * 1024) {
-    // Above 48 KB a kernel must opt in; cheap, and per device, so done per launch.
-    cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+  if (score_mods) {
+    opt_in_smem<fwd_kernel<Traits, true>>(kSmem, params.device);
+  } else {
+    opt_in_smem<fwd_kernel<Traits, false>>(kSmem, params.device);
   }
+  auto kernel = score_mods ? &fwd_kernel<Traits, true> : &fwd_kernel<Traits, false>;
   const int64_t num_m_blocks = (params.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM;
   // < 2^31 CTAs: checked on the host (more would need more memory than exists).
   const int64_t num_ctas = num_m_blocks * params.heads * params.batch;
   kernel<<<dim3(unsigned(num_ctas)), Traits::kNThreads, kSmem, stream>>>(params);
+}
+
+template <typename Kernel>
+constexpr int fwd_smem_bytes() {
+  return Kernel::kBuilt ? int(Kernel::Traits::kSmemSize) : 0;
+}
+
+template <typename Kernel>
+void launch_fwd(const FwdParams& params, cudaStream_t stream) {
+  if constexpr (Kernel::kBuilt) launch_fwd_kernel<typename Kernel::Traits>(params, stream);
 }
 
 }  // namespace flashattn

@@ -20,10 +20,12 @@ template <> struct Sm70FwdTile<192> { static constexpr int kM = 64,  kN = 64,  k
 template <> struct Sm70FwdTile<224> { static constexpr int kM = 64,  kN = 64,  kWarps = 8; };  // 92 KB
 template <> struct Sm70FwdTile<256> { static constexpr int kM = 64,  kN = 32,  kWarps = 8; };  // 68 KB
 
-template <typename Element, int kHeadDim>
-void launch_fwd_sm70(const FwdParams& params, cudaStream_t stream) {
+// Every tile fits 96 KB: one tile set.
+template <typename Element, int kHeadDim, TileSet kSet>
+struct Sm70Fwd {
+  static constexpr bool kBuilt = kSet == TileSet::kDefault;
   using Tile = Sm70FwdTile<kHeadDim>;
-  launch_fwd_kernel<Sm70FwdTraits<Element, kHeadDim, Tile::kM, Tile::kN, Tile::kWarps>>(params, stream);
-}
+  using Traits = Sm70FwdTraits<Element, kHeadDim, Tile::kM, Tile::kN, Tile::kWarps>;
+};
 
 }  // namespace flashattn

@@ -22,11 +22,12 @@ template <> struct Sm75FwdTile<192> { static constexpr int kM = 64,  kN = 32, kW
 template <> struct Sm75FwdTile<224> { static constexpr int kM = 64,  kN = 32, kWarps = 4; static constexpr bool kPrefetch = false; };  // 56 KB
 template <> struct Sm75FwdTile<256> { static constexpr int kM = 64,  kN = 32, kWarps = 4; static constexpr bool kPrefetch = false; };  // 64 KB
 
-template <typename Element, int kHeadDim>
-void launch_fwd_sm75(const FwdParams& params, cudaStream_t stream) {
+// Every tile fits 64 KB: one tile set.
+template <typename Element, int kHeadDim, TileSet kSet>
+struct Sm75Fwd {
+  static constexpr bool kBuilt = kSet == TileSet::kDefault;
   using Tile = Sm75FwdTile<kHeadDim>;
-  launch_fwd_kernel<Sm75FwdTraits<Element, kHeadDim, Tile::kM, Tile::kN, Tile::kWarps, Tile::kPrefetch>>(params,
-                                                                                                          stream);
-}
+  using Traits = Sm75FwdTraits<Element, kHeadDim, Tile::kM, Tile::kN, Tile::kWarps, Tile::kPrefetch>;
+};
 
 }  // namespace flashattn

@@ -19,10 +19,21 @@ template <> struct Sm80FwdTile<192> { static constexpr int kM = 128, kN = 64,  k
 template <> struct Sm80FwdTile<224> { static constexpr int kM = 128, kN = 64,  kWarps = 8; };
 template <> struct Sm80FwdTile<256> { static constexpr int kM = 128, kN = 64,  kWarps = 8; };
 
-template <typename Element, int kHeadDim>
-void launch_fwd_sm80(const FwdParams& params, cudaStream_t stream) {
-  using Tile = Sm80FwdTile<kHeadDim>;
-  launch_fwd_kernel<Sm80FwdTraits<Element, kHeadDim, Tile::kM, Tile::kN, Tile::kWarps>>(params, stream);
-}
+// Tiles within 99 KB of shared memory (cc 8.6/8.9), for the buckets whose
+// default tile needs more (d224: 112 KB, d256: 128 KB); (M + 2N) x d x 2 bytes.
+// 64 x 64 with 4 warps: the same 16 query rows and O accumulator per warp as the
+// default, half the rows per CTA (84 / 96 KB).
+template <int kHeadDim> struct Sm80FwdTileSmem99 { static constexpr bool kOwn = false; };
+template <> struct Sm80FwdTileSmem99<224> { static constexpr bool kOwn = true; static constexpr int kM = 64, kN = 64, kWarps = 4; };
+template <> struct Sm80FwdTileSmem99<256> { static constexpr bool kOwn = true; static constexpr int kM = 64, kN = 64, kWarps = 4; };
+
+template <typename Element, int kHeadDim, TileSet kSet>
+struct Sm80Fwd {
+  static constexpr bool kBuilt = kSet == TileSet::kDefault || Sm80FwdTileSmem99<kHeadDim>::kOwn;
+  using Tile = std::conditional_t<kSet == TileSet::kSmem99 && Sm80FwdTileSmem99<kHeadDim>::kOwn,
+                                  Sm80FwdTileSmem99<kHeadDim>, Sm80FwdTile<kHeadDim>>;
+  using Traits = Sm80FwdTraits<Element, kHeadDim, Tile::kM, Tile::kN, Tile::kWarps>;
+  static_assert(kSet != TileSet::kSmem99 || !kBuilt || Traits::kSmemSize <= kSmem99Bytes);
+};
 
 }  // namespace flashattn

@@ -1,0 +1,35 @@
+// Tile sets and the once-per-device shared-memory opt-in, shared by every
+// family's launchers.
+//
+// Every family has its default tiles. The sm80 family also has a second set,
+// `kSmem99`, for GPUs that allow 99 KB of shared memory per block (cc 8.6 and
+// 8.9: A10, A10G, L4, L40S, RTX 3090/4090), built only for the head dims whose
+// default tile needs more; each set is its own instantiation file. The host
+// (cpp/ops.cpp) runs the largest tile that fits the device's opt-in limit, or
+// the limit set by FLASHATTN_MAX_SMEM_KB.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <atomic>
+#include <cstdint>
+
+namespace flashattn {
+
+enum class TileSet : int { kDefault = 0, kSmem99 = 1 };
+
+constexpr int kSmem99Bytes = 99 * 1024;
+
+// Above 48 KB a kernel must opt in to its dynamic shared memory, once per
+// device: a bit per device remembers it (setting it twice is harmless).
+template <auto kKernel>
+void opt_in_smem(int smem_bytes, int device) {
+  if (smem_bytes < 48 * 1024) return;
+  static std::atomic<uint64_t> done{0};
+  const uint64_t bit = uint64_t(1) << (device & 63);
+  if (done.load(std::memory_order_relaxed) & bit) return;
+  cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes);
+  done.fetch_or(bit, std::memory_order_relaxed);
+}
+
+}  // namespace flashattn
