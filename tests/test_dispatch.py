@@ -264,6 +264,8 @@ def _mock_gpu(monkeypatch, capability, info):
     )
     monkeypatch.setattr(_dispatch, "build_info", lambda: info)
     monkeypatch.delenv("FLASHATTN_FAMILY", raising=False)
+    # A private cache for the test: mocked answers must not outlive it.
+    monkeypatch.setattr(_dispatch, "_dispatch_cache", {})
 
 
 def test_dispatch_is_a_constant_under_torch_compile(monkeypatch):

@@ -53,10 +53,6 @@ def _cuda_fp32():
         flash_attn_func(*qkv(device="cuda"))
 
 
-def _non_contiguous_last_dim():
-    q, k, v = qkv()
-    return flash_attn_func(q.transpose(-1, -2).contiguous().transpose(-1, -2), k, v)
-
 
 CASES = {
     "int_dtype": (
@@ -107,8 +103,8 @@ CASES = {
         lambda: flash_attn_func(*qkv(d=320)),
         ["head dim 320 is over the maximum of 256"],
     ),
-    "non_contiguous": (
-        _non_contiguous_last_dim,
+    "op_non_contiguous": (
+        lambda: _fwd_op(qkv()[0].transpose(-1, -2).contiguous().transpose(-1, -2), *qkv()[1:]),
         ["q's last dim is not contiguous", "call q.contiguous()"],
     ),
     "empty_seqlen": (

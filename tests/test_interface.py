@@ -99,6 +99,18 @@ def test_low_precision_inputs_on_cpu(dtype):
     torch.testing.assert_close(out, want)
 
 
+@pytest.mark.parametrize("which", ["q", "k", "v"])
+def test_non_contiguous_last_dim_is_copied(which):
+    # As flash_attn 2.x: the public functions accept a last dim with stride != 1.
+    q, k, v = rand(2, 5, 4, 16, seed=0), rand(2, 6, 2, 16, seed=1), rand(2, 6, 2, 16, seed=2)
+    want = flash_attn_func(q, k, v, causal=True)
+    strided = {"q": q, "k": k, "v": v}
+    t = strided[which]
+    strided[which] = t.transpose(-1, -2).contiguous().transpose(-1, -2)
+    assert strided[which].stride(-1) != 1 and torch.equal(strided[which], t)
+    torch.testing.assert_close(flash_attn_func(**strided, causal=True), want)
+
+
 def test_family_is_ignored_for_cpu_tensors(monkeypatch):
     q, k, v = (rand(1, 4, 2, 8, seed=s) for s in range(3))
     monkeypatch.setenv("FLASHATTN_FAMILY", "sm75")

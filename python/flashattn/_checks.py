@@ -47,25 +47,29 @@ def _check_last_dim_contiguous(name: str, t: torch.Tensor) -> None:
         )
 
 
-def _check_qkv_like(name: str, t: torch.Tensor) -> None:
-    """Rank 4, no empty dim, last dim contiguous."""
-    _check_tensor(name, t)
+def _check_qkv_like(name: str, t: torch.Tensor, any_last_stride: bool = False) -> None:
+    """Rank 4, no empty dim, last dim contiguous (unless ``any_last_stride``: the
+    public functions copy such inputs)."""
+    if not isinstance(t, torch.Tensor):
+        _check_tensor(name, t)
     if t.dim() != 4:
         _fail(
             f"{name} must be 4-D (batch, seqlen, heads, head_dim), got shape {_shape(t)}"
             " — for packed inputs use flash_attn_qkvpacked_func / flash_attn_kvpacked_func"
         )
-    for dim, size in enumerate(t.shape):
-        if size == 0:
-            _fail(
-                f"{name} has size 0 in dim {dim} ({_DIM_NAMES[dim]}), shape {_shape(t)};"
-                " flashattn needs non-empty inputs — skip the call for empty batches"
-            )
-    _check_last_dim_contiguous(name, t)
+    shape = t.shape
+    if not (shape[0] and shape[1] and shape[2] and shape[3]):
+        dim = next(i for i, size in enumerate(shape) if size == 0)
+        _fail(
+            f"{name} has size 0 in dim {dim} ({_DIM_NAMES[dim]}), shape {_shape(t)};"
+            " flashattn needs non-empty inputs — skip the call for empty batches"
+        )
+    if not any_last_stride:
+        _check_last_dim_contiguous(name, t)
 
 
 def _check_dtype(name: str, t: torch.Tensor) -> None:
-    allowed = _CUDA_DTYPES if t.device.type == "cuda" else _CPU_DTYPES
+    allowed = _CUDA_DTYPES if t.is_cuda else _CPU_DTYPES
     if t.dtype in allowed:
         return
     if t.device.type == "cuda" and t.dtype.is_floating_point:
@@ -115,14 +119,65 @@ def check_fwd(
     window_right: int = -1,
     softcap: float = 0.0,
     family: int = 0,
-    any_head_dim: bool = False,
+    public: bool = False,
 ) -> None:
-    """Check forward inputs. ``any_head_dim``: the public API pads d to a multiple of 8."""
-    _check_qkv_like("q", q)
+    """Check forward inputs. ``public``: the public API's rules, which pad d to a
+    multiple of 8 and copy inputs whose last dim is not contiguous."""
+    if not _qkv_ok(q, k, v, public):
+        _check_qkv(q, k, v, public)
+    if out is not None:
+        _check_like("out", out, "q", q)
+    if alibi_slopes is not None:
+        _check_alibi(alibi_slopes, q)
+    if rng_state is not None or dropout_p:
+        _check_rng_state(rng_state, q, dropout_p)
+    _check_scalars(dropout_p, window_left, window_right, softcap)
+    if family:
+        _check_family(family, q)
+
+
+def _qkv_ok(q, k, v, public: bool) -> bool:
+    """The common case in one pass over the metadata (this runs on every call):
+    True when q, k, v pass every check of ``_check_qkv``; False sends them there,
+    which names the problem (or accepts a rarer valid input)."""
+    if not (isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor) and isinstance(v, torch.Tensor)):
+        return False
+    qs, ks = q.shape, k.shape
+    if len(qs) != 4 or ks != v.shape or len(ks) != 4:
+        return False
+    b, s_q, h, d = qs
+    dtype, device = q.dtype, q.device
+    return bool(
+        b
+        and s_q
+        and h
+        and ks[1]
+        and ks[2]
+        and ks[0] == b
+        and ks[3] == d
+        and h % ks[2] == 0
+        and 0 < d <= MAX_HEAD_DIM
+        and (public or d % HEAD_DIM_MULTIPLE == 0)
+        and (dtype in _CUDA_DTYPES if q.is_cuda else dtype in _CPU_DTYPES)
+        and k.dtype == dtype
+        and v.dtype == dtype
+        and k.device == device
+        and v.device == device
+        and (public or (q.stride(-1) == 1 and k.stride(-1) == 1 and v.stride(-1) == 1))
+    )
+
+
+def _check_qkv(q, k, v, public: bool) -> None:
+    """q, k, v in detail: raises naming the first problem."""
+    _check_qkv_like("q", q, public)
     _check_dtype("q", q)
-    for name, t in (("k", k), ("v", v)):
-        _check_qkv_like(name, t)
-        _check_same(name, t, "q", q)
+    _check_qkv_like("k", k, public)
+    _check_qkv_like("v", v, public)
+    device, dtype = q.device, q.dtype
+    if k.device != device or k.dtype != dtype:
+        _check_same("k", k, "q", q)
+    if v.device != device or v.dtype != dtype:
+        _check_same("v", v, "q", q)
     b, _, h, d = q.shape
     if k.shape != v.shape:
         _fail(
@@ -145,18 +200,11 @@ def check_fwd(
             f"head dim {d} is over the maximum of {MAX_HEAD_DIM}"
             " — split the heads or use another attention for such head dims"
         )
-    if not any_head_dim and d % HEAD_DIM_MULTIPLE != 0:
+    if not public and d % HEAD_DIM_MULTIPLE != 0:
         _fail(
             f"head dim {d} is not a multiple of {HEAD_DIM_MULTIPLE} — pad q, k and v with"
             " zeros (flash_attn_func does this for you)"
         )
-    if out is not None:
-        _check_like("out", out, "q", q)
-    if alibi_slopes is not None:
-        _check_alibi(alibi_slopes, q)
-    _check_rng_state(rng_state, q, dropout_p)
-    _check_scalars(dropout_p, window_left, window_right, softcap)
-    _check_family(family, q)
 
 
 def check_packed(name: str, t, count: int, layout: str) -> None:
@@ -283,6 +331,18 @@ def is_real(x) -> bool:
 
 
 def _check_scalars(dropout_p, window_left, window_right, softcap) -> None:
+    # The common case (floats and -1 ints) first: these run on every call.
+    if (
+        type(dropout_p) is float
+        and type(softcap) is float
+        and type(window_left) is int
+        and type(window_right) is int
+        and 0.0 <= dropout_p < 1.0
+        and 0.0 <= softcap < math.inf
+        and window_left >= -1
+        and window_right >= -1
+    ):
+        return
     if not is_real(dropout_p) or not 0.0 <= dropout_p < 1.0:
         _fail(f"dropout_p must be a number in [0, 1), got {dropout_p!r} — 0.0 turns dropout off")
     for name, w in (("window_left", window_left), ("window_right", window_right)):
@@ -310,9 +370,19 @@ def _check_family(family, q: torch.Tensor) -> None:
 def aligned_for_kernels(t):
     """t, or a contiguous copy of it when the CUDA kernels' 16-byte vector accesses
     would be misaligned: a view starting or stepping by elements not a multiple of 8
-    (the storage itself is aligned by torch's allocator)."""
-    steps = (stride for size, stride in zip(t.shape[:-1], t.stride()[:-1]) if size != 1)
-    misaligned = any(stride % 8 for stride in steps)
+    (the storage itself is aligned by torch's allocator), or whose last dim is not
+    contiguous."""
+    strides = t.stride()
+    if strides[-1] != 1:
+        return t.contiguous()
+    misaligned = False
+    if len(strides) == 4:
+        rare = strides[0] % 8 or strides[1] % 8 or strides[2] % 8
+    else:
+        rare = any(stride % 8 for stride in strides[:-1])
+    if rare:  # look at the dims that matter
+        steps = (stride for size, stride in zip(t.shape[:-1], strides[:-1]) if size != 1)
+        misaligned = any(stride % 8 for stride in steps)
     # Dynamo cannot trace storage_offset(); a compiled graph with an odd offset
     # gets the op's clear error instead of a copy.
     if not torch.compiler.is_compiling():

@@ -239,13 +239,25 @@ def head_dim_bucket(head_dim: int, head_dims) -> int | None:
     return min(served)
 
 
+# (device, dtype, family argument, FLASHATTN_FAMILY) -> (family, head dims): the
+# answer never changes for a key within a process, and computing it reads device
+# properties and the build info (tens of microseconds); a lookup costs well under one.
+_dispatch_cache: dict = {}
+
+
 @torch.compiler.assume_constant_result
 def cuda_family_and_head_dims(device: torch.device, dtype: torch.dtype, family) -> tuple:
     """(family, built head-dim buckets) for a CUDA call.
 
     One constant under torch.compile: it reads the device, the environment and the
     build-info file, none of which dynamo can trace. The head-dim check stays outside
-    (``head_dim_bucket``) because a head dim may be symbolic there.
+    (``head_dim_bucket``) because a head dim may be symbolic there. Errors are raised
+    every time (never cached); answers are cached per key.
     """
-    info = build_info()
-    return resolve_family(device, dtype, family, info=info), tuple(info.get("head_dims") or ())
+    key = (device, dtype, family, os.environ.get(_ENV_FAMILY))
+    found = _dispatch_cache.get(key)
+    if found is None:
+        info = build_info()
+        found = (resolve_family(device, dtype, family, info=info), tuple(info.get("head_dims") or ()))
+        _dispatch_cache[key] = found
+    return found

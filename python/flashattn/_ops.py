@@ -204,7 +204,7 @@ def attention_backward(dout, saved, args, deterministic: bool):
     if q.device.type == "cuda":
         dout = aligned_for_kernels(dout)
     *scalars, family = args
-    return torch.ops.flashattn.bwd(
+    return torch.ops.flashattn.bwd.default(
         dout, q, k, v, out, lse, alibi_slopes, rng_state, *scalars, deterministic, family
     )
 

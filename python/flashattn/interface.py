@@ -20,6 +20,20 @@ from ._checks import (
 __all__ = ["flash_attn_func", "flash_attn_kvpacked_func", "flash_attn_qkvpacked_func"]
 
 
+_fwd_op = torch.ops.flashattn.fwd.default
+_below_autograd = torch._C._AutoDispatchBelowAutograd
+
+
+def _fwd(*args):
+    """flashattn.fwd where nothing is differentiated through it: in eager mode the
+    call skips the op's autograd kernel (a Python function: ~8 us per call that
+    would only redispatch); traced by torch.compile, the plain op."""
+    if torch.compiler.is_compiling():
+        return _fwd_op(*args)
+    with _below_autograd():
+        return _fwd_op(*args)
+
+
 class _FlashAttnFunction(torch.autograd.Function):
     """``flashattn.fwd`` forward, ``flashattn.bwd`` backward, with ``deterministic``.
 
@@ -28,11 +42,14 @@ class _FlashAttnFunction(torch.autograd.Function):
     know it. Here it is a Python constant kept on ctx. Dynamo traces an
     autograd.Function, forward and backward, into the graph, so
     torch.compile(fullgraph=True) sees no break; inside ``forward`` grad mode is off,
-    so the op's own autograd does not run as well.
+    so the op's own autograd does not run as well. ``forward(ctx, ...)`` rather than
+    a separate ``setup_context``: with one, every ``apply`` binds its arguments
+    through ``inspect.signature`` (tens of microseconds per call).
     """
 
     @staticmethod
     def forward(
+        ctx,
         q,
         k,
         v,
@@ -48,25 +65,25 @@ class _FlashAttnFunction(torch.autograd.Function):
         family,
     ):
         # Named parameters, not *args: Dynamo binds a variadic forward wrongly under no_grad.
-        del deterministic  # used by the backward only (setup_context keeps it)
-        return torch.ops.flashattn.fwd(
+        out, lse = _fwd(
             q, k, v, alibi_slopes, rng_state, dropout_p, softmax_scale, causal,
             window_left, window_right, softcap, family,
         )
-
-    @staticmethod
-    def setup_context(ctx, inputs, output):
-        q, k, v, alibi_slopes, rng_state, *scalars, deterministic, family = inputs
-        out, lse = output
         ctx.save_for_backward(q, k, v, out, lse, alibi_slopes, rng_state)
-        ctx.args = (*scalars, family)
+        ctx.args = (dropout_p, softmax_scale, causal, window_left, window_right, softcap, family)
         ctx.deterministic = deterministic
         ctx.mark_non_differentiable(lse)
+        return out, lse
 
     @staticmethod
     def backward(ctx, dout, _dlse):
         dq, dk, dv = _ops.attention_backward(dout, ctx.saved_tensors, ctx.args, ctx.deterministic)
         return (dq, dk, dv) + (None,) * 10
+
+
+# autograd.Function.apply without its Python wrapper, which only matters under
+# functorch transforms (and torch.compile, which gets the wrapper): a few us per call.
+_apply_fast = torch._C._FunctionBase.__dict__["apply"].__get__(None, _FlashAttnFunction)
 
 
 def _attention(
@@ -86,7 +103,7 @@ def _attention(
     window_left, window_right = check_window_size(window_size)
     # The op wants [seed, offset]; drawn with torch ops so that torch.compile traces it.
     rng_state = None
-    if is_real(dropout_p) and dropout_p > 0:
+    if dropout_p and is_real(dropout_p) and dropout_p > 0:
         rng_state = torch.randint(0, 2**62, (2,), dtype=torch.int64)
     check_fwd(
         q,
@@ -98,7 +115,7 @@ def _attention(
         window_left=window_left,
         window_right=window_right,
         softcap=softcap,
-        any_head_dim=True,
+        public=True,
     )
     head_dim = q.shape[-1]
     if softmax_scale is None:
@@ -106,17 +123,21 @@ def _attention(
     # The kernels take head dims that are multiples of 8: zero-pad (zeros add nothing
     # to q.k and produce output columns we slice off; autograd undoes both).
     pad = -head_dim % HEAD_DIM_MULTIPLE
-    if q.device.type == "cuda":
+    if q.is_cuda:
         family, head_dims = _dispatch.cuda_family_and_head_dims(q.device, q.dtype, family)
-        _dispatch.head_dim_bucket(head_dim + pad, head_dims)
+        if head_dims:
+            _dispatch.head_dim_bucket(head_dim + pad, head_dims)
     else:
-        _dispatch.parse_family(family)  # only validated: the CPU path has one implementation
+        if family is not None:
+            _dispatch.parse_family(family)  # only validated: the CPU path has one implementation
         family = 0
     if pad:
         q, k, v = (F.pad(t, (0, pad)) for t in (q, k, v))
     elif family:
-        q, k, v = (aligned_for_kernels(t) for t in (q, k, v))
-    out, lse = _FlashAttnFunction.apply(
+        q, k, v = aligned_for_kernels(q), aligned_for_kernels(k), aligned_for_kernels(v)
+    else:  # the CPU reference takes any strides but a non-contiguous last dim
+        q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
+    args = (
         q,
         k,
         v,
@@ -128,9 +149,14 @@ def _attention(
         window_left,
         window_right,
         float(softcap),
-        bool(deterministic),
-        family,
     )
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        if torch.compiler.is_compiling() or torch._C._are_functorch_transforms_active():
+            out, lse = _FlashAttnFunction.apply(*args, bool(deterministic), family)
+        else:
+            out, lse = _apply_fast(*args, bool(deterministic), family)
+    else:  # nothing to differentiate: the op alone
+        out, lse = _fwd(*args, family)
     if pad:
         out = out[..., :head_dim]
     return (out, lse, None) if return_attn_probs else out
