@@ -49,6 +49,20 @@ TOKENS = 16384  # batch * seqlen
 MODEL_DIM = 2048  # heads * hdim
 WARMUP_MS = 25
 REP_MS = 100
+# The shapes users run (issue "real shapes"), beside the grid:
+# (name, batch, seqlen_q, seqlen_k, heads, heads_k, hdim, causal). Causal masks
+# are bottom-right aligned (flash_attn's convention); SDPA gets the same mask as
+# torch.nn.attention.bias.causal_lower_right where seqlen_q != seqlen_k.
+REAL_SHAPES = (
+    ("small-batch", 1, 2048, 2048, 12, 12, 64, False),
+    ("vit-b", 256, 197, 197, 12, 12, 80, False),
+    ("short-causal", 1, 128, 128, 16, 16, 128, True),
+    ("llama3-8b-prefill", 2, 8192, 8192, 32, 8, 128, True),
+    ("70b-prefill", 1, 16384, 16384, 64, 8, 128, True),
+    ("128k-sequence", 1, 131072, 131072, 16, 16, 128, True),
+    ("chunked-prefill", 1, 512, 8192, 32, 8, 128, True),
+)
+
 # Forward-output sanity check of flashattn against the first SDPA backend that
 # ran: a gross-error guard (the test suite holds the real accuracy standard).
 # (atol, rtol) per element and a bound on ||out - ref|| / ||ref||. Two correct
@@ -63,10 +77,14 @@ def attn_flops(batch, heads, seqlen_q, seqlen_k, hdim, causal, mode):
     """FLOPs of one call, by the FlashAttention papers' convention.
 
     forward: 4 * b * h * s_q * s_k * d (two matmuls, 2 FLOPs per MAC), halved
-    when causal; backward: 2.5x forward; fwd_bwd: 3.5x forward.
+    when causal (with s_q != s_k: the (query, key) pairs a bottom-right causal
+    mask leaves visible); backward: 2.5x forward; fwd_bwd: 3.5x forward.
     """
     f = 4.0 * batch * heads * seqlen_q * seqlen_k * hdim
-    if causal:
+    if causal and seqlen_q != seqlen_k:
+        visible = sum(max(0, min(seqlen_k, seqlen_k - seqlen_q + i + 1)) for i in range(seqlen_q))
+        f = 4.0 * batch * heads * visible * hdim
+    elif causal:
         f /= 2
     return {"fwd": 1.0, "bwd": 2.5, "fwd_bwd": 3.5}[mode] * f
 
@@ -154,6 +172,10 @@ def build_parser():
     p.add_argument("--memory", action="store_true",
                    help="also print peak memory (MiB) per implementation "
                         "(always recorded in the JSON)")
+    p.add_argument("--set", dest="shape_set", choices=("grid", "real"), default="grid",
+                   help="grid: the standard grid; real: the shapes users run (REAL_SHAPES: "
+                        "small batch, ViT, GQA prefill, 128k tokens, chunked prefill), with "
+                        "their own geomean; --dtype defaults to bf16 there")
     p.add_argument("--quick", action="store_true",
                    help="smoke test: hdim 128, seqlen 1k,4k, bf16, causal and not")
     p.add_argument("--no-check", dest="check", action="store_false",
@@ -164,6 +186,8 @@ def build_parser():
 
 def resolve_args(args):
     """Fill in the defaults that depend on --quick."""
+    if args.shape_set == "real":
+        args.dtype = args.dtype or "bf16"
     if args.quick:
         args.hdim = args.hdim or [128]
         args.seqlen = args.seqlen or [1024, 4096]
@@ -275,6 +299,10 @@ def collect_meta(torch, args, fa_mod, fa_info, fa_err):
 # --------------------------------------------------------------------------
 # Timing one implementation on one shape
 # --------------------------------------------------------------------------
+class _Done(Exception):
+    """The real-shape set ran to its end."""
+
+
 class ContextLost(RuntimeError):
     """The CUDA context is unusable (e.g. an illegal memory access)."""
 
@@ -321,9 +349,17 @@ def make_runner(torch, impl, base, mode, causal, family, gqa=1, deterministic=Fa
         q, k, v = (base[n].transpose(1, 2).contiguous().requires_grad_(bwd) for n in "qkv")
         g = base["g"].transpose(1, 2).contiguous() if bwd else None
 
+        # SDPA's is_causal is top-left aligned; bottom-right needs its causal bias.
+        lower_right = causal and q.shape[2] != k.shape[2]
+        if lower_right:
+            from torch.nn.attention.bias import causal_lower_right
+            mask = causal_lower_right(q.shape[2], k.shape[2])
+
         def fwd():
             kk, vv = (k, v) if gqa == 1 else (t.repeat_interleave(gqa, dim=1) for t in (k, v))
             with sdpa_kernel([backend]):
+                if lower_right:
+                    return F.scaled_dot_product_attention(q, kk, vv, attn_mask=mask)
                 return F.scaled_dot_product_attention(q, kk, vv, is_causal=causal)
 
         def to_bhsd(o):
@@ -426,8 +462,12 @@ def table_row(row, impls, memory):
     if "flashattn" in impls and "FA2" in impls:
         rr = row.get("ours_over_fa2")
         ratio = f"  {rr:8.2f}" if rr is not None else "       n/a"
-    return (f"{row['mode']:8}{row['causal']!s:>7}{row['dtype']:>6}{row['hdim']:>5}"
+    line = (f"{row['mode']:8}{row['causal']!s:>7}{row['dtype']:>6}{row['hdim']:>5}"
             f"{row['seqlen']:>7}  {cells}{ratio}")
+    if row.get("name"):
+        line += (f"  {row['name']} (b={row['batch']} s_k={row['seqlen_k']} h={row['heads']}"
+                 f" h_k={row['heads_k']})")
+    return line
 
 
 def summarize(rows, modes):
@@ -438,6 +478,22 @@ def summarize(rows, modes):
         k = (r["mode"], r["dtype"], r["hdim"], r["causal"])
         if k not in keys:
             keys.append(k)
+    if rows and rows[0].get("name"):  # the real-shape set: one group per mode and dtype
+        keys = []
+        for r in rows:
+            if (r["mode"], r["dtype"]) not in keys:
+                keys.append((r["mode"], r["dtype"]))
+        for k in keys:
+            sel = [r for r in rows if (r["mode"], r["dtype"]) == k]
+            ratios = [r.get("ours_over_fa2") for r in sel]
+            groups.append({
+                "mode": k[0], "dtype": k[1], "hdim": "real", "causal": "-",
+                "n": sum(1 for x in ratios if x is not None),
+                "geomean_ours_over_fa2": geomean(ratios),
+                "geomean_ours_over_cudnn": geomean([r.get("ours_over_cudnn") for r in sel]),
+                "min_ours_over_fa2": min((x for x in ratios if x is not None), default=None),
+            })
+        keys = []
     for k in keys:
         sel = [r for r in rows if (r["mode"], r["dtype"], r["hdim"], r["causal"]) == k]
         groups.append({
@@ -505,7 +561,9 @@ def write_results(path, meta, rows, summary, want_png):
     with open(path + ".json", "w") as f:
         json.dump(data, f, indent=1)
     msg = f"wrote {path}.json"
-    if want_png and rows:
+    if want_png and rows and rows[0].get("name"):
+        msg += " (no PNG for the real-shape set: its table is the result)"
+    elif want_png and rows:
         try:
             sys.path.insert(0, HERE)
             from plot import plot_results
@@ -561,6 +619,15 @@ def main(argv=None):
     t_start = time.time()
     status = 0
     try:
+        if args.shape_set == "real":
+            for mode in args.modes:
+                for dname in args.dtypes:
+                    for shape in REAL_SHAPES:
+                        rows.append(run_config(torch, do_bench, args, run_order, mode, shape[7],
+                                               dname, dtypes[dname], shape[6], shape[2], fa_mod,
+                                               fa_err, shape=shape))
+                        print(table_row(rows[-1], args.impls, args.memory), flush=True)
+            raise _Done
         for mode in args.modes:
             for causal in args.causals:
                 for dname in args.dtypes:
@@ -569,6 +636,8 @@ def main(argv=None):
                             rows.append(run_config(torch, do_bench, args, run_order, mode, causal,
                                                    dname, dtypes[dname], hdim, seqlen, fa_mod, fa_err))
                             print(table_row(rows[-1], args.impls, args.memory), flush=True)
+    except _Done:
+        pass
     except ContextLost as e:
         print(f"\nCUDA context lost, stopping: {e}", flush=True)
         status = 1
@@ -591,18 +660,26 @@ def main(argv=None):
 
 
 def run_config(torch, do_bench, args, run_order, mode, causal, dname, dtype, hdim, seqlen,
-               fa_mod, fa_err):
-    batch, heads = grid_shape(seqlen, hdim)
-    flops = attn_flops(batch, heads, seqlen, seqlen, hdim, causal, mode)
+               fa_mod, fa_err, shape=None):
+    """One row: a grid point (hdim, seqlen), or a REAL_SHAPES entry `shape`."""
+    if shape is None:
+        name, (batch, heads), seqlen_k, gqa = None, grid_shape(seqlen, hdim), seqlen, args.gqa
+    else:
+        name, batch, seqlen, seqlen_k, heads, heads_k, hdim, causal = shape
+        gqa = heads // heads_k
+    flops = attn_flops(batch, heads, seqlen, seqlen_k, hdim, causal, mode)
     row = {"mode": mode, "causal": causal, "dtype": dname, "hdim": hdim, "seqlen": seqlen,
-           "batch": batch, "heads": heads, "heads_k": heads // args.gqa, "flops": flops,
-           "results": {}}
+           "seqlen_k": seqlen_k, "batch": batch, "heads": heads, "heads_k": heads // gqa,
+           "flops": flops, "results": {}}
+    if name is not None:
+        row["name"] = name
     base = {}
     try:
         gen = torch.Generator(device="cuda").manual_seed(1000003 * hdim + seqlen)
         for n in ("q", "k", "v") + (("g",) if mode == "fwd_bwd" else ()):
-            h = heads // args.gqa if n in "kv" else heads
-            base[n] = torch.randn((batch, seqlen, h, hdim), device="cuda", dtype=dtype,
+            h = heads // gqa if n in "kv" else heads
+            s = seqlen_k if n in "kv" else seqlen
+            base[n] = torch.randn((batch, s, h, hdim), device="cuda", dtype=dtype,
                                   generator=gen)
     except torch.cuda.OutOfMemoryError as e:
         base.clear()
@@ -619,7 +696,7 @@ def run_config(torch, do_bench, args, run_order, mode, causal, dname, dtype, hdi
                                     "error": f"not importable: {fa_err}"}
             continue
         res, out = bench_one(torch, do_bench, impl, base, mode, causal, args.family, flops,
-                             args.gqa, args.deterministic)
+                             gqa, args.deterministic)
         row["results"][impl] = res
         if out is None:
             continue

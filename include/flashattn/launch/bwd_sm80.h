@@ -21,7 +21,7 @@ template <> struct Sm80BwdTile<256> { static constexpr int kM = 64,  kN = 64,  k
 // Tiles within 99 KB of shared memory (cc 8.6/8.9) for the buckets whose default
 // needs more (all but d160, 96 KB). Keys per CTA stay as many as fit, since each
 // query block's loads and dQ additions are paid once per key block:
-//   d32  128 x 128, one Q buffer              88 KB
+//   d32  128 x 128, one Q buffer              96 KB
 //   d64   64 x 128, Q double-buffered         88 KB
 //   d96   64 x 64,  Q double-buffered         76 KB
 //   d128  64 x 64,  Q double-buffered         96 KB
