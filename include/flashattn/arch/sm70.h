@@ -83,7 +83,7 @@ struct Sm70FwdTraits : Sm80FwdTraits<Element_, kHeadDim_, kBlockM_, kBlockN_, kN
 // Backward: kAtom* warps along a product's rows (8 each), the rest along its
 // columns (32 each).
 template <typename Element_, int kHeadDim_, int kBlockM_, int kBlockN_, int kNWarps_, int kAtomMSdP,
-          int kAtomNdKV, int kAtomMdQ, bool kDoubleBufferQ_>
+          int kAtomNdKV, int kAtomMdQ, bool kDoubleBufferQ_, bool kRegisterPrefetch_ = false>
 struct Sm70BwdTraits : Sm70AccumulatorLayout,
                        BwdTileLayouts<Element_, kHeadDim_, kBlockM_, kBlockN_, kNWarps_, kDoubleBufferQ_> {
   using Base = BwdTileLayouts<Element_, kHeadDim_, kBlockM_, kBlockN_, kNWarps_, kDoubleBufferQ_>;
@@ -100,6 +100,7 @@ struct Sm70BwdTraits : Sm70AccumulatorLayout,
   static_assert(kBlockM % (8 * kAtomMdQ) == 0 && kHeadDim % (32 * (kNWarps / kAtomMdQ)) == 0);
 
   static constexpr bool kCopyZeroFills = false;
+  static constexpr bool kRegisterPrefetch = kRegisterPrefetch_;  // the next Q/dO through registers
   using GmemTiledCopyQKV = decltype(make_tiled_copy(Copy_Atom<UniversalCopy<uint128_t>, Element_>{},
                                                     typename Base::GmemLayoutAtom{}, Layout<Shape<_1, _8>>{}));
 

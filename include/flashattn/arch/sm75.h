@@ -46,7 +46,7 @@ struct Sm75FwdTraits : Sm80FwdTraits<Element_, kHeadDim_, kBlockM_, kBlockN_, kN
 // blocks) still give every warp work. A operands (16 x 8 per k-step) are read
 // with ldmatrix x2, B operands (8 x 8) with x1.
 template <typename Element_, int kHeadDim_, int kBlockM_, int kBlockN_, int kNWarps_, int kAtomMSdP,
-          int kAtomNdKV, int kAtomMdQ, bool kDoubleBufferQ_>
+          int kAtomNdKV, int kAtomMdQ, bool kDoubleBufferQ_, bool kRegisterPrefetch_ = false>
 struct Sm75BwdTraits : Sm80AccumulatorLayout,
                        BwdTileLayouts<Element_, kHeadDim_, kBlockM_, kBlockN_, kNWarps_, kDoubleBufferQ_> {
   using Base = BwdTileLayouts<Element_, kHeadDim_, kBlockM_, kBlockN_, kNWarps_, kDoubleBufferQ_>;
@@ -68,6 +68,7 @@ struct Sm75BwdTraits : Sm80AccumulatorLayout,
 
   // No cp.async: 16-byte loads into registers, then 16-byte shared stores.
   static constexpr bool kCopyZeroFills = false;
+  static constexpr bool kRegisterPrefetch = kRegisterPrefetch_;  // the next Q/dO through registers
   using GmemTiledCopyQKV = decltype(make_tiled_copy(Copy_Atom<UniversalCopy<uint128_t>, Element_>{},
                                                     typename Base::GmemLayoutAtom{}, Layout<Shape<_1, _8>>{}));
 

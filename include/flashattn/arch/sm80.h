@@ -146,6 +146,10 @@ struct BwdTileLayouts {
       SmemLayoutPdS{}, make_layout(Shape<Int<kBlockN>, Int<kBlockM>>{}, GenRowMajor{})));
   using SmemLayoutPdStNoSwizzle = decltype(get_nonswizzle_portion(SmemLayoutPdSt{}));
 
+  // The next Q/dO staged through registers (families without cp.async, where the
+  // tile has the registers); the family's traits override it.
+  static constexpr bool kRegisterPrefetch = false;
+
   static constexpr int kSmemQSize = int(size(SmemLayoutQdO{})) * (kDoubleBufferQ ? 2 : 1);
   static constexpr int kSmemSize =
       (kSmemQSize + int(size(SmemLayoutQdO{})) + 2 * int(size(SmemLayoutKV{})) +

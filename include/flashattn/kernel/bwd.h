@@ -225,15 +225,16 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const BwdPara
   for (int k = 0; k < size(tQpQ); ++k) tQpQ(k) = get<1>(tQcQ(0, 0, k)) < params.head_dim;
   CUTE_UNROLL
   for (int k = 0; k < size(tKpK); ++k) tKpK(k) = get<1>(tKcK(0, 0, k)) < params.head_dim;
-  auto load_q = [&](int head, int m_block, int buffer) {
-    Tensor src = make_tensor(tQgQ.data() + q_offset(head, m_block), tQgQ.layout());
-    Tensor dst = make_tensor(tQsQ.data() + buffer * int(size(sQ)), tQsQ.layout());
-    copy_tile<Traits::kCopyZeroFills>(gmem_copy, src, dst, tQcQ, tQpQ, params.seqlen_q - m_block * kBlockM);
-  };
-  auto load_do = [&](int head, int m_block) {
-    Tensor src = make_tensor(tdOgdO.data() + do_offset(head, m_block), tdOgdO.layout());
-    copy_tile<Traits::kCopyZeroFills>(gmem_copy, src, tdOsdO, tQcQ, tQpQ, params.seqlen_q - m_block * kBlockM);
-  };
+  // (CPY, CPY_M, CPY_D) partitions of Q and dO of a (head, query block), and of a Q buffer.
+  auto q_src = [&](int head, int m_block) { return make_tensor(tQgQ.data() + q_offset(head, m_block), tQgQ.layout()); };
+  auto do_src = [&](int head, int m_block) { return make_tensor(tdOgdO.data() + do_offset(head, m_block), tdOgdO.layout()); };
+  auto q_dst = [&](int buffer) { return make_tensor(tQsQ.data() + buffer * int(size(sQ)), tQsQ.layout()); };
+  // The next (head, query block)'s Q and dO load while this one computes: with
+  // cp.async straight into shared memory; without it (sm70, sm75), through
+  // registers where the tile has them (Traits::kRegisterPrefetch), issued before
+  // a product and stored after it; else synchronously.
+  using Staged = StagedTileCopy<Traits::kRegisterPrefetch, Traits::kCopyZeroFills, Element, decltype(tQsQ)>;
+  Staged next_q, next_do;
 
   // S = Q K^T and dP = dO V^T.
   typename Traits::TiledMmaSdP mma_sdp;
@@ -296,9 +297,12 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const BwdPara
     // Prologue: K, V and the first Q, dO.
     copy_tile<Traits::kCopyZeroFills>(gmem_copy, tKgK, tKsK, tKcK, tKpK, params.seqlen_k - n0);
     copy_tile<Traits::kCopyZeroFills>(gmem_copy, tVgV, tVsV, tKcK, tKpK, params.seqlen_k - n0);
-    load_q(head0, m_begin, 0);
+    Tensor q0 = q_dst(0);
+    copy_tile<Traits::kCopyZeroFills>(gmem_copy, q_src(head0, m_begin), q0, tQcQ, tQpQ,
+                                      params.seqlen_q - m_begin * kBlockM);
     cp_async_fence();
-    load_do(head0, m_begin);
+    copy_tile<Traits::kCopyZeroFills>(gmem_copy, do_src(head0, m_begin), tdOsdO, tQcQ, tQpQ,
+                                      params.seqlen_q - m_begin * kBlockM);
     cp_async_fence();
   }
 
@@ -331,8 +335,11 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const BwdPara
     clear(acc_s);
     gemm_smem_smem(acc_s, tSrQ, tSrK, make_tensor(tSsQ.data() + q_smem_offset, tSsQ.layout()), tSsK,
                    mma_sdp, copy_sdp_a, copy_sdp_b);
+    const int next_rows = params.seqlen_q - next_m_block * kBlockM;
+    Tensor next_q_dst = q_dst(Traits::kDoubleBufferQ ? q_buffer ^ 1 : 0);
     if (Traits::kDoubleBufferQ && has_next) {
-      load_q(next_head, next_m_block, q_buffer ^ 1);
+      // The other Q buffer was last read in the previous iteration.
+      next_q.issue(gmem_copy, q_src(next_head, next_m_block), next_q_dst, tQcQ, tQpQ, next_rows);
       cp_async_fence();
       cp_async_wait<1>();
     } else {
@@ -342,6 +349,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const BwdPara
     Tensor acc_dp = partition_fragment_C(mma_sdp, Shape<Int<kBlockM>, Int<kBlockN>>{});
     clear(acc_dp);
     gemm_smem_smem(acc_dp, tdPrdO, tdPrV, tdPsdO, tdPsV, mma_sdp, copy_sdp_a, copy_sdp_b);
+    if (Traits::kDoubleBufferQ && has_next) next_q.commit(gmem_copy, next_q_dst);
 
     // P = exp2(S * scale_log2 - lse_log2), masked to 0; dS = P (dP - D). The
     // exponent is one FMA with the lse's high part, then its low part: no large
@@ -399,16 +407,20 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const BwdPara
     __syncthreads();  // every warp is done with Q and dO: the next ones load under dQ = dS K
     if (has_next) {
       if constexpr (!Traits::kDoubleBufferQ) {
-        load_q(next_head, next_m_block, 0);
+        next_q.issue(gmem_copy, q_src(next_head, next_m_block), next_q_dst, tQcQ, tQpQ, next_rows);
         cp_async_fence();
       }
-      load_do(next_head, next_m_block);
+      next_do.issue(gmem_copy, do_src(next_head, next_m_block), tdOsdO, tQcQ, tQpQ, next_rows);
       cp_async_fence();
     }
 
     Tensor acc_dq = partition_fragment_C(mma_dq, Shape<Int<kBlockM>, Int<kHeadDim>>{});
     clear(acc_dq);
     gemm_smem_smem(acc_dq, tdQrdS, tdQrKt, tdQsdS, tdQsKt, mma_dq, copy_dq_a, copy_dq_b);
+    if (has_next) {  // read after the next iteration's first barrier
+      if constexpr (!Traits::kDoubleBufferQ) next_q.commit(gmem_copy, next_q_dst);
+      next_do.commit(gmem_copy, tdOsdO);
+    }
     int* semaphore = params.dq_semaphore == nullptr
                          ? nullptr
                          : params.dq_semaphore + bh * (params.seqlen_q_rounded / kBwdSemaphoreRows) + m_block;
