@@ -162,6 +162,17 @@ struct Options {
 template <typename Entry>
 const Entry& find_kernel(const std::vector<Entry>& table, int family, ScalarType dt, int64_t d,
                          const DeviceInfo& dev, const char* what) {
+  // The answer of the previous call, per thread: a loop of calls asks the same question.
+  struct Last {
+    int family = -1, max_smem = -1;
+    ScalarType dt{};
+    int64_t d = -1;
+    const Entry* entry = nullptr;
+  };
+  thread_local Last last;
+  if (last.entry != nullptr && last.family == family && last.dt == dt && last.d == d &&
+      last.max_smem == dev.max_smem)
+    return *last.entry;
   const char* dtype = dt == ScalarType::Half ? "fp16" : "bf16";
   int bucket = 0;
   for (const auto& e : table) {
@@ -177,7 +188,10 @@ const Entry& find_kernel(const std::vector<Entry>& table, int family, ScalarType
     if (smallest == 0 || e.smem_bytes < smallest) smallest = e.smem_bytes;
     if (e.smem_bytes <= dev.max_smem && (found == nullptr || e.smem_bytes > found->smem_bytes)) found = &e;
   }
-  if (found != nullptr) return *found;
+  if (found != nullptr) {
+    last = Last{family, dev.max_smem, dt, d, found};
+    return *found;
+  }
   if (bucket == 0) {
     std::string built;
     for (const auto& e : table) {
