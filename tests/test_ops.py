@@ -155,3 +155,14 @@ def test_extension_exports_no_cxx_runtime():
     strong = [f[2] for f in (line.split() for line in lines) if len(f) == 3 and f[1] in "TDBR"]
     leaked = [s for s in strong if s.startswith(("_ZNSt", "_ZSt", "_ZNKSt", "_ZTI", "_ZTS", "__cxa_", "__gxx_"))]
     assert not leaked, f"the extension exports C++ runtime symbols: {leaked[:5]}"
+
+
+def test_a_failed_load_names_the_loaders_reason(tmp_path):
+    # torch.ops.load_library says only "Could not load this library"; the reason
+    # (here: not an ELF file; on an old distribution, the missing GLIBC_ version) is
+    # its cause, and build_info()["extension_error"] must show it.
+    (tmp_path / "_C.so").write_bytes(b"not a shared object")
+    loaded, error = _ops._load_extension(str(tmp_path))
+    assert not loaded
+    assert "_C.so" in error and "Could not load this library" in error
+    assert "OSError" in error and ("ELF" in error or "too short" in error), error

@@ -50,16 +50,25 @@ for _schema in SCHEMAS:
     _lib.define(_schema)
 
 
-def _load_extension() -> tuple[bool, str | None]:
-    """Load ``_C*.so`` from beside this file. Never raises: the CPU path works without it."""
-    here = os.path.dirname(os.path.abspath(__file__))
+def _load_extension(here: str | None = None) -> tuple[bool, str | None]:
+    """Load ``_C*.so`` from ``here`` (beside this file). Never raises: the CPU path
+    works without it. The error names the loader's own reason (a missing GLIBC_ or
+    torch symbol version, a wrong ELF class), which torch's ``load_library`` keeps
+    only as the cause of its "Could not load this library"."""
+    here = here or os.path.dirname(os.path.abspath(__file__))
     paths = sorted(glob.glob(os.path.join(here, "_C*.so")))
     if not paths:
         return False, f"no compiled extension (_C*.so) in {here}; only the CPU path is available"
     try:
         torch.ops.load_library(paths[0])
     except Exception as e:  # noqa: BLE001 - any failure (missing symbol, wrong torch) is reported
-        return False, f"loading {paths[0]} failed: {type(e).__name__}: {e}"
+        reason = e
+        while reason.__cause__ is not None:
+            reason = reason.__cause__
+        why = f"{type(reason).__name__}: {reason}"
+        if reason is not e:
+            why = f"{type(e).__name__}: {e} — {why}"
+        return False, f"loading {paths[0]} failed: {why}"
     return True, None
 
 
