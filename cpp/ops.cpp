@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <atomic>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -103,21 +104,34 @@ int smem_cap_bytes() {
   return static_cast<int>(kb * 1024);
 }
 
+// Queried at a device's first call (under a lock; a failed query throws and is
+// retried at the next call), then read without one.
 const DeviceInfo& device_info(int device) {
   static DeviceInfo infos[kMaxDevices];
-  static std::once_flag once[kMaxDevices];
-  FA_CHECK(device >= 0 && device < kMaxDevices, "CUDA device index ", device, " is out of range");
-  std::call_once(once[device], [device] {
-    DeviceInfo& info = infos[device];
+  static std::atomic<bool> ready[kMaxDevices];
+  static std::mutex mutex;
+  FA_CHECK(device >= 0 && device < kMaxDevices, "CUDA device index ", device, " is out of range (flashattn "
+           "serves devices 0..", kMaxDevices - 1, ")");
+  if (ready[device].load(std::memory_order_acquire)) return infos[device];
+  std::lock_guard<std::mutex> lock(mutex);
+  if (!ready[device].load(std::memory_order_relaxed)) {
+    DeviceInfo info;
     int major = 0, minor = 0;
-    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
-    cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
-    cudaDeviceGetAttribute(&info.num_sms, cudaDevAttrMultiProcessorCount, device);
-    cudaDeviceGetAttribute(&info.optin_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
+    auto query = [device](int* value, cudaDeviceAttr attr, const char* what) {
+      const cudaError_t err = cudaDeviceGetAttribute(value, attr, device);
+      FA_CHECK(err == cudaSuccess, "could not read the ", what, " of CUDA device ", device, ": ",
+               cudaGetErrorString(err));
+    };
+    query(&major, cudaDevAttrComputeCapabilityMajor, "compute capability");
+    query(&minor, cudaDevAttrComputeCapabilityMinor, "compute capability");
+    query(&info.num_sms, cudaDevAttrMultiProcessorCount, "multiprocessor count");
+    query(&info.optin_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, "shared memory per block");
     info.cc = major * 10 + minor;
     const int cap = smem_cap_bytes();
     info.max_smem = cap > 0 && cap < info.optin_smem ? cap : info.optin_smem;
-  });
+    infos[device] = info;
+    ready[device].store(true, std::memory_order_release);
+  }
   return infos[device];
 }
 

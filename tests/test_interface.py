@@ -198,3 +198,28 @@ def test_torch_compile_with_dropout_and_packed_qkv():
     compiled = torch.compile(loss, fullgraph=True, backend="aot_eager")
     compiled(qkv).backward()
     assert qkv.grad.shape == qkv.shape and torch.isfinite(qkv.grad).all()
+
+
+def test_functorch_grad_matches_autograd():
+    q, k, v = (rand(1, 5, 2, 8, seed=s) for s in range(3))
+
+    def loss(q):
+        return flash_attn_func(q, k, v, causal=True).square().sum()
+
+    qg = q.clone().requires_grad_()
+    want = torch.autograd.grad(loss(qg), qg)[0]
+    torch.testing.assert_close(torch.func.grad(loss)(q), want)
+
+
+def test_forward_mode_ad_is_not_silently_dropped():
+    # No jvp is implemented: forward-mode AD must raise, never return an output
+    # without its tangent.
+    import torch.autograd.forward_ad as fwAD
+
+    q, k, v = (rand(1, 5, 2, 8, seed=s) for s in range(3))
+    with fwAD.dual_level():
+        try:
+            out = flash_attn_func(fwAD.make_dual(q, torch.ones_like(q)), k, v)
+        except (RuntimeError, NotImplementedError):
+            return
+        assert fwAD.unpack_dual(out).tangent is not None

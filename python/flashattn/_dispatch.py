@@ -255,9 +255,13 @@ def cuda_family_and_head_dims(device: torch.device, dtype: torch.dtype, family) 
     every time (never cached); answers are cached per key.
     """
     key = (device, dtype, family, os.environ.get(_ENV_FAMILY))
-    found = _dispatch_cache.get(key)
+    try:
+        found = _dispatch_cache.get(key)
+    except TypeError:  # an unhashable family: resolve_family names the problem
+        found = key = None
     if found is None:
         info = build_info()
         found = (resolve_family(device, dtype, family, info=info), tuple(info.get("head_dims") or ()))
-        _dispatch_cache[key] = found
+        if key is not None:
+            _dispatch_cache[key] = found
     return found

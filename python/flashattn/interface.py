@@ -24,14 +24,20 @@ _fwd_op = torch.ops.flashattn.fwd.default
 _below_autograd = torch._C._AutoDispatchBelowAutograd
 
 
-def _fwd(*args):
-    """flashattn.fwd where nothing is differentiated through it: in eager mode the
-    call skips the op's autograd kernel (a Python function: ~8 us per call that
-    would only redispatch); traced by torch.compile, the plain op."""
-    if torch.compiler.is_compiling():
-        return _fwd_op(*args)
-    with _below_autograd():
-        return _fwd_op(*args)
+def _eager() -> bool:
+    """Plain eager autograd: not traced by torch.compile, no functorch transform, no
+    forward-mode AD. Only there may the op skip its autograd kernel and the Function
+    skip Function.apply's wrapper (each a few microseconds per call)."""
+    return not (
+        torch.compiler.is_compiling()
+        or torch._C._are_functorch_transforms_active()
+        or torch.autograd.forward_ad._current_level >= 0
+    )
+
+
+def _backward(ctx, dout, _dlse):
+    dq, dk, dv = _ops.attention_backward(dout, ctx.saved_tensors, ctx.args, ctx.deterministic)
+    return (dq, dk, dv) + (None,) * 10
 
 
 class _FlashAttnFunction(torch.autograd.Function):
@@ -42,10 +48,51 @@ class _FlashAttnFunction(torch.autograd.Function):
     know it. Here it is a Python constant kept on ctx. Dynamo traces an
     autograd.Function, forward and backward, into the graph, so
     torch.compile(fullgraph=True) sees no break; inside ``forward`` grad mode is off,
-    so the op's own autograd does not run as well. ``forward(ctx, ...)`` rather than
-    a separate ``setup_context``: with one, every ``apply`` binds its arguments
-    through ``inspect.signature`` (tens of microseconds per call).
+    so the op's own autograd does not run as well. This form (``setup_context``) is
+    the one torch.compile and functorch transforms take; plain eager calls use
+    ``_FlashAttnFunctionEager``.
     """
+
+    @staticmethod
+    def forward(
+        q,
+        k,
+        v,
+        alibi_slopes,
+        rng_state,
+        dropout_p,
+        softmax_scale,
+        causal,
+        window_left,
+        window_right,
+        softcap,
+        deterministic,
+        family,
+    ):
+        # Named parameters, not *args: Dynamo binds a variadic forward wrongly under no_grad.
+        del deterministic  # used by the backward only (setup_context keeps it)
+        return _fwd_op(
+            q, k, v, alibi_slopes, rng_state, dropout_p, softmax_scale, causal,
+            window_left, window_right, softcap, family,
+        )
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        q, k, v, alibi_slopes, rng_state, *scalars, deterministic, family = inputs
+        out, lse = output
+        ctx.save_for_backward(q, k, v, out, lse, alibi_slopes, rng_state)
+        ctx.args = (*scalars, family)
+        ctx.deterministic = deterministic
+        ctx.mark_non_differentiable(lse)
+
+    backward = staticmethod(_backward)
+
+
+class _FlashAttnFunctionEager(torch.autograd.Function):
+    """The same Function for plain eager calls: ``forward(ctx, ...)``, because with a
+    separate ``setup_context`` every ``apply`` binds its 13 arguments through
+    ``inspect.signature`` (tens of microseconds), and applied through the C entry point
+    (``_apply_eager``), skipping Function.apply's Python wrapper."""
 
     @staticmethod
     def forward(
@@ -64,26 +111,21 @@ class _FlashAttnFunction(torch.autograd.Function):
         deterministic,
         family,
     ):
-        # Named parameters, not *args: Dynamo binds a variadic forward wrongly under no_grad.
-        out, lse = _fwd(
-            q, k, v, alibi_slopes, rng_state, dropout_p, softmax_scale, causal,
-            window_left, window_right, softcap, family,
-        )
+        with _below_autograd():
+            out, lse = _fwd_op(
+                q, k, v, alibi_slopes, rng_state, dropout_p, softmax_scale, causal,
+                window_left, window_right, softcap, family,
+            )
         ctx.save_for_backward(q, k, v, out, lse, alibi_slopes, rng_state)
         ctx.args = (dropout_p, softmax_scale, causal, window_left, window_right, softcap, family)
         ctx.deterministic = deterministic
         ctx.mark_non_differentiable(lse)
         return out, lse
 
-    @staticmethod
-    def backward(ctx, dout, _dlse):
-        dq, dk, dv = _ops.attention_backward(dout, ctx.saved_tensors, ctx.args, ctx.deterministic)
-        return (dq, dk, dv) + (None,) * 10
+    backward = staticmethod(_backward)
 
 
-# autograd.Function.apply without its Python wrapper, which only matters under
-# functorch transforms (and torch.compile, which gets the wrapper): a few us per call.
-_apply_fast = torch._C._FunctionBase.__dict__["apply"].__get__(None, _FlashAttnFunction)
+_apply_eager = torch._C._FunctionBase.__dict__["apply"].__get__(None, _FlashAttnFunctionEager)
 
 
 def _attention(
@@ -150,13 +192,14 @@ def _attention(
         window_right,
         float(softcap),
     )
-    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
-        if torch.compiler.is_compiling() or torch._C._are_functorch_transforms_active():
-            out, lse = _FlashAttnFunction.apply(*args, bool(deterministic), family)
-        else:
-            out, lse = _apply_fast(*args, bool(deterministic), family)
-    else:  # nothing to differentiate: the op alone
-        out, lse = _fwd(*args, family)
+    eager = _eager()
+    if not eager:  # torch.compile, functorch, forward-mode AD (which raises: no jvp)
+        out, lse = _FlashAttnFunction.apply(*args, bool(deterministic), family)
+    elif torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        out, lse = _apply_eager(*args, bool(deterministic), family)
+    else:  # nothing to differentiate: the op below its autograd kernel (~8 us of Python)
+        with _below_autograd():
+            out, lse = _fwd_op(*args, family)
     if pad:
         out = out[..., :head_dim]
     return (out, lse, None) if return_attn_probs else out

@@ -191,7 +191,7 @@ __device__ __forceinline__ void lse_to_log2(float lse, float& hi, float& lo) {
   constexpr float kLog2eHi = 1.4426950216293335f;   // float(log2(e))
   constexpr float kLog2eLo = 1.925963033500011e-08f;  // log2(e) - kLog2eHi
   hi = lse * kLog2eHi;
-  lo = isinf(lse) ? 0.f : fmaf(lse, kLog2eHi, -hi) + lse * kLog2eLo;
+  lo = isinf(hi) ? 0.f : fmaf(lse, kLog2eHi, -hi) + lse * kLog2eLo;
 }
 
 // tanh through one exp2 and one reciprocal: accurate to a few ulp of 1 (unlike

@@ -21,15 +21,16 @@ enum class TileSet : int { kDefault = 0, kSmem99 = 1 };
 constexpr int kSmem99Bytes = 99 * 1024;
 
 // Above 48 KB a kernel must opt in to its dynamic shared memory, once per
-// device: a bit per device remembers it (setting it twice is harmless).
+// device: a bit per device (< 64, as the host checks) remembers a success
+// (setting it twice is harmless; a failure is retried, and the launch reports it).
 template <auto kKernel>
 void opt_in_smem(int smem_bytes, int device) {
   if (smem_bytes < 48 * 1024) return;
   static std::atomic<uint64_t> done{0};
   const uint64_t bit = uint64_t(1) << (device & 63);
-  if (done.load(std::memory_order_relaxed) & bit) return;
-  cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes);
-  done.fetch_or(bit, std::memory_order_relaxed);
+  if (done.load(std::memory_order_acquire) & bit) return;
+  if (cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes) == cudaSuccess)
+    done.fetch_or(bit, std::memory_order_release);
 }
 
 }  // namespace flashattn
