@@ -43,11 +43,6 @@ void launch_bwd_kernel(const BwdParams& params, cudaStream_t stream) {
 }
 
 template <typename Kernel>
-constexpr int bwd_smem_bytes() {
-  return Kernel::kBuilt ? int(Kernel::Traits::kSmemSize) : 0;
-}
-
-template <typename Kernel>
 void launch_bwd(const BwdParams& params, cudaStream_t stream) {
   if constexpr (Kernel::kBuilt) launch_bwd_kernel<typename Kernel::Traits>(params, stream);
 }

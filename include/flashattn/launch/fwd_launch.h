@@ -1,7 +1,7 @@
 // Host side of a forward launch, shared by every family: grid, shared memory.
 // A family's launch header names, per head-dim bucket and tile set, a `Kernel`
 // with `Traits` and `kBuilt` (launch/tile_set.h); the generated instantiation
-// files call launch_fwd<Kernel> and publish fwd_smem_bytes<Kernel> for the
+// files call launch_fwd<Kernel> and publish tile_smem_bytes<Kernel> for the
 // kernel table, which picks the largest tile that fits the device.
 #pragma once
 
@@ -27,11 +27,6 @@ void launch_fwd_kernel(const FwdParams& params, cudaStream_t stream) {
   // < 2^31 CTAs: checked on the host (more would need more memory than exists).
   const int64_t num_ctas = num_m_blocks * params.heads * params.batch;
   kernel<<<dim3(unsigned(num_ctas)), Traits::kNThreads, kSmem, stream>>>(params);
-}
-
-template <typename Kernel>
-constexpr int fwd_smem_bytes() {
-  return Kernel::kBuilt ? int(Kernel::Traits::kSmemSize) : 0;
 }
 
 template <typename Kernel>
