@@ -49,7 +49,7 @@ TOKENS = 16384  # batch * seqlen
 MODEL_DIM = 2048  # heads * hdim
 WARMUP_MS = 25
 REP_MS = 100
-# The shapes users run (issue "real shapes"), beside the grid:
+# The shapes users run, beside the grid:
 # (name, batch, seqlen_q, seqlen_k, heads, heads_k, hdim, causal). Causal masks
 # are bottom-right aligned (flash_attn's convention); SDPA gets the same mask as
 # torch.nn.attention.bias.causal_lower_right where seqlen_q != seqlen_k.
