@@ -95,29 +95,15 @@ class _FlashAttnFunctionEager(torch.autograd.Function):
     (``_apply_eager``), skipping Function.apply's Python wrapper."""
 
     @staticmethod
-    def forward(
-        ctx,
-        q,
-        k,
-        v,
-        alibi_slopes,
-        rng_state,
-        dropout_p,
-        softmax_scale,
-        causal,
-        window_left,
-        window_right,
-        softcap,
-        deterministic,
-        family,
-    ):
+    def forward(ctx, q, k, v, alibi_slopes, rng_state, *scalars):
+        # Never traced by Dynamo (plain eager only), so the scalars may be variadic:
+        # (dropout_p, softmax_scale, causal, window_left, window_right, softcap,
+        # deterministic, family), as _FlashAttnFunction.forward names them.
+        *options, deterministic, family = scalars
         with _below_autograd():
-            out, lse = _fwd_op(
-                q, k, v, alibi_slopes, rng_state, dropout_p, softmax_scale, causal,
-                window_left, window_right, softcap, family,
-            )
+            out, lse = _fwd_op(q, k, v, alibi_slopes, rng_state, *options, family)
         ctx.save_for_backward(q, k, v, out, lse, alibi_slopes, rng_state)
-        ctx.args = (dropout_p, softmax_scale, causal, window_left, window_right, softcap, family)
+        ctx.args = (*options, family)
         ctx.deterministic = deterministic
         ctx.mark_non_differentiable(lse)
         return out, lse
