@@ -111,7 +111,8 @@ const DeviceInfo& device_info(int device) {
   static std::atomic<bool> ready[kMaxDevices];
   static std::mutex mutex;
   FA_CHECK(device >= 0 && device < kMaxDevices, "CUDA device index ", device, " is out of range (flashattn "
-           "serves devices 0..", kMaxDevices - 1, ")");
+           "serves devices 0..", kMaxDevices - 1, "); make the GPU visible under a smaller index with "
+           "CUDA_VISIBLE_DEVICES");
   if (ready[device].load(std::memory_order_acquire)) return infos[device];
   std::lock_guard<std::mutex> lock(mutex);
   if (!ready[device].load(std::memory_order_relaxed)) {
