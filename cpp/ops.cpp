@@ -15,11 +15,13 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <algorithm>
 #include <atomic>
 #include <mutex>
 #include <optional>
 #include <string>
 #include <tuple>
+#include <vector>
 
 #include "flashattn/params.h"
 #include "kernel_table.h"
@@ -61,22 +63,29 @@ void check_cuda_tensor(const Tensor& t, const char* name, const Tensor& ref) {
 // step on multiples of 8 elements).
 void check_aligned(const Tensor& t, const char* name) {
   bool aligned = reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0;
-  for (int64_t i = 0; i < 3; ++i) aligned &= t.size(i) == 1 || t.stride(i) % 8 == 0;
+  std::string strides;
+  for (int64_t i = 0; i + 1 < t.dim(); ++i) {
+    aligned &= t.size(i) == 1 || t.stride(i) % 8 == 0;
+    strides += (i ? ", " : "") + std::to_string(t.stride(i));
+  }
   FA_CHECK(aligned, name, " is not 16-byte aligned (a view that starts or steps by a number of "
-           "elements that is not a multiple of 8; strides ", t.stride(0), ", ", t.stride(1), ", ",
-           t.stride(2), "); pass ", name, ".clone() (flashattn.flash_attn_func copies such inputs "
-           "for you)");
+           "elements that is not a multiple of 8; strides ", strides, "); pass ", name,
+           ".clone() (flashattn's public functions copy such inputs for you)");
 }
 
-void check_attn_tensor(const Tensor& t, const char* name, const Tensor& q) {
+// q, k, v: (batch, seqlen, heads, head_dim), or for varlen (total, heads, head_dim),
+// where total may be 0 (every sequence empty).
+void check_attn_tensor(const Tensor& t, const char* name, const Tensor& q, bool varlen) {
   check_cuda_tensor(t, name, q);
-  FA_CHECK(t.dim() == 4, name, " must be 4-D (batch, seqlen, heads, head_dim), got shape ",
-           shape_str(t));
+  const int64_t rank = varlen ? 3 : 4;
+  FA_CHECK(t.dim() == rank, name, varlen ? " must be 3-D (total_tokens, heads, head_dim)"
+                                         : " must be 4-D (batch, seqlen, heads, head_dim)",
+           ", got shape ", shape_str(t));
   FA_CHECK(t.scalar_type() == q.scalar_type(), name, " has dtype ", dtype_name(t.scalar_type()),
            " but q has ", dtype_name(q.scalar_type()), "; give q, k and v one dtype");
-  FA_CHECK(t.stride(3) == 1, name, " has a non-contiguous last dim (stride ", t.stride(3),
+  FA_CHECK(t.stride(rank - 1) == 1, name, " has a non-contiguous last dim (stride ", t.stride(rank - 1),
            "); call .contiguous() or pass a tensor whose last dim is contiguous");
-  for (int64_t i = 0; i < 4; ++i)
+  for (int64_t i = varlen ? 1 : 0; i < rank; ++i)
     FA_CHECK(t.size(i) > 0, name, " is empty (shape ", shape_str(t), "); every dim must be >= 1");
   check_aligned(t, name);
 }
@@ -225,26 +234,76 @@ const Entry& find_kernel(const std::vector<Entry>& table, int family, ScalarType
   return *found;  // unreachable
 }
 
+// (batch, row, head) strides of a 4-D tensor, or (0, row, head) of a varlen 3-D one.
+void set_strides(const Tensor& t, index_t& batch, index_t& row, index_t& head) {
+  const bool varlen = t.dim() == 3;
+  batch = varlen ? 0 : t.stride(0);
+  row = t.stride(varlen ? 0 : 1);
+  head = t.stride(varlen ? 1 : 2);
+}
+
+// A varlen batch: the sequences' boundaries and maxima.
+struct Varlen {
+  const Tensor& cu_seqlens_q;
+  const Tensor& cu_seqlens_k;
+  int64_t max_seqlen_q, max_seqlen_k;
+};
+
+// cu_seqlens: int32 (batch + 1) on q's device, contiguous. Its values are not
+// read (that would wait for the GPU): the host checks what the shapes allow.
+void check_cu_seqlens(const Tensor& cu, const char* name, const Tensor& q, int64_t batch) {
+  check_cuda_tensor(cu, name, q);
+  FA_CHECK(cu.scalar_type() == ScalarType::Int, name, " has dtype ", dtype_name(cu.scalar_type()),
+           "; it must be torch.int32 (e.g. F.pad(lengths.cumsum(0, dtype=torch.int32), (1, 0)))");
+  FA_CHECK(cu.dim() == 1 && cu.size(0) >= 2, name, " must be 1-D (batch + 1,) with batch >= 1, got shape ",
+           shape_str(cu));
+  FA_CHECK(batch < 0 || cu.size(0) == batch + 1, name, " has ", cu.size(0),
+           " entries but cu_seqlens_q has ", batch + 1, "; both are (batch + 1,)");
+  FA_CHECK(cu.stride(0) == 1, name, " must be contiguous");
+}
+
 // Checks q/k/v and the options, fills the forward params (pointers to out and
-// lse are set by the caller). Returns the kernel family to run.
+// lse are set by the caller). Returns the kernel family to run. `varlen`:
+// q (total_q, h, d), k/v (total_k, h_k, d) packed sequences; else 4-D batches.
 int prepare_fwd(const Tensor& q, const Tensor& k, const Tensor& v, const Options& o,
-                FwdParams& p) {
+                FwdParams& p, const Varlen* varlen = nullptr) {
   FA_CHECK(q.is_cuda(), "q is not a CUDA tensor");
   const ScalarType dt = q.scalar_type();
   FA_CHECK(dt == ScalarType::Half || dt == ScalarType::BFloat16, "q has dtype ", dtype_name(dt),
            "; the CUDA kernels take torch.float16 or torch.bfloat16 (cast with .half() or "
            ".bfloat16())");
-  check_attn_tensor(q, "q", q);
-  check_attn_tensor(k, "k", q);
-  check_attn_tensor(v, "v", q);
-  const int64_t b = q.size(0), s_q = q.size(1), h = q.size(2), d = q.size(3);
-  const int64_t s_k = k.size(1), h_k = k.size(2);
-  FA_CHECK(k.size(0) == b && v.size(0) == b, "batch sizes differ: q ", shape_str(q), ", k ",
-           shape_str(k), ", v ", shape_str(v));
-  FA_CHECK(k.size(3) == d && v.size(3) == d, "head dims differ: q ", shape_str(q), ", k ",
+  const bool vl = varlen != nullptr;
+  check_attn_tensor(q, "q", q, vl);
+  check_attn_tensor(k, "k", q, vl);
+  check_attn_tensor(v, "v", q, vl);
+  const int64_t off = vl ? 1 : 0;  // dims (seqlen, heads, head_dim) start here... minus the batch dim
+  const int64_t h = q.size(2 - off), d = q.size(3 - off), h_k = k.size(2 - off);
+  int64_t b, s_q, s_k;
+  if (vl) {
+    check_cu_seqlens(varlen->cu_seqlens_q, "cu_seqlens_q", q, -1);
+    b = varlen->cu_seqlens_q.size(0) - 1;
+    check_cu_seqlens(varlen->cu_seqlens_k, "cu_seqlens_k", q, b);
+    s_q = varlen->max_seqlen_q, s_k = varlen->max_seqlen_k;
+    const int64_t total_q = q.size(0), total_k = k.size(0);
+    FA_CHECK(s_q >= 0 && s_k >= 0 && s_q < (int64_t(1) << 31) && s_k < (int64_t(1) << 31),
+             "max_seqlen_q = ", s_q, " and max_seqlen_k = ", s_k, " must be in [0, 2^31)");
+    FA_CHECK(total_q <= b * s_q && total_k <= b * s_k, "max_seqlen_q = ", s_q, " / max_seqlen_k = ", s_k,
+             " is smaller than the longest sequence: ", b, " sequences hold ", total_q, " query and ", total_k,
+             " key tokens; pass the longest sequence's length (e.g. int(lengths.max()))");
+    FA_CHECK(total_q < (int64_t(1) << 31) && total_k < (int64_t(1) << 31), "total_q = ", total_q,
+             " / total_k = ", total_k, " tokens: cu_seqlens are int32, so at most 2^31 - 1 tokens");
+    FA_CHECK(v.size(0) == total_k, "k ", shape_str(k), " and v ", shape_str(v), " must have the same shape");
+    p.total_q = static_cast<int>(total_q);
+    p.total_k = static_cast<int>(total_k);
+  } else {
+    b = q.size(0), s_q = q.size(1), s_k = k.size(1);
+    FA_CHECK(k.size(0) == b && v.size(0) == b, "batch sizes differ: q ", shape_str(q), ", k ",
+             shape_str(k), ", v ", shape_str(v));
+    FA_CHECK(v.size(1) == s_k, "k ", shape_str(k), " and v ", shape_str(v), " must have the same shape");
+  }
+  FA_CHECK(k.size(3 - off) == d && v.size(3 - off) == d, "head dims differ: q ", shape_str(q), ", k ",
            shape_str(k), ", v ", shape_str(v), "; q, k and v need one head_dim");
-  FA_CHECK(v.size(1) == s_k && v.size(2) == h_k, "k ", shape_str(k), " and v ", shape_str(v),
-           " must have the same shape");
+  FA_CHECK(v.size(2 - off) == h_k, "k ", shape_str(k), " and v ", shape_str(v), " must have the same shape");
   FA_CHECK(h % h_k == 0, h, " query heads are not a multiple of ", h_k,
            " key/value heads (GQA/MQA needs h % h_k == 0)");
   FA_CHECK(d <= kMaxHeadDim, "head dim ", d, " is over the maximum of ", kMaxHeadDim);
@@ -256,9 +315,11 @@ int prepare_fwd(const Tensor& q, const Tensor& k, const Tensor& v, const Options
            " is outside [0, 1)");
   FA_CHECK(o.softcap >= 0.0, "softcap ", o.softcap, " is negative; use 0 to turn it off");
   FA_CHECK(std::isfinite(o.softmax_scale), "softmax_scale ", o.softmax_scale, " is not finite");
-  FA_CHECK(s_q < (int64_t(1) << 31) && s_k < (int64_t(1) << 31) &&
-               b * h * ((s_q + 63) / 64) < (int64_t(1) << 31),
-           "the problem is too large for one launch (batch * heads * seqlen_q / 64 >= 2^31)");
+  // CTAs of the largest grid (16-row tiles at the least): fixed-length batch *
+  // heads * tiles of the longest sequence; varlen heads * (tokens / 16 + batch).
+  const int64_t tiles_per_head = vl ? std::max(q.size(0), k.size(0)) / 16 + b : b * ((std::max(s_q, s_k) + 15) / 16);
+  FA_CHECK(s_q < (int64_t(1) << 31) && s_k < (int64_t(1) << 31) && tiles_per_head * h < (int64_t(1) << 31),
+           "the problem is too large for one launch (heads * tiles of 16 rows >= 2^31); split the batch");
 
   // Features the kernels do not have yet: say which, never compute something else.
   FA_CHECK(o.dropout_p == 0.0, "dropout (dropout_p=", o.dropout_p,
@@ -279,9 +340,13 @@ int prepare_fwd(const Tensor& q, const Tensor& k, const Tensor& v, const Options
   p.q = q.data_ptr();
   p.k = k.data_ptr();
   p.v = v.data_ptr();
-  p.q_batch_stride = q.stride(0), p.q_row_stride = q.stride(1), p.q_head_stride = q.stride(2);
-  p.k_batch_stride = k.stride(0), p.k_row_stride = k.stride(1), p.k_head_stride = k.stride(2);
-  p.v_batch_stride = v.stride(0), p.v_row_stride = v.stride(1), p.v_head_stride = v.stride(2);
+  set_strides(q, p.q_batch_stride, p.q_row_stride, p.q_head_stride);
+  set_strides(k, p.k_batch_stride, p.k_row_stride, p.k_head_stride);
+  set_strides(v, p.v_batch_stride, p.v_row_stride, p.v_head_stride);
+  if (vl) {
+    p.cu_seqlens_q = static_cast<const int*>(varlen->cu_seqlens_q.data_ptr());
+    p.cu_seqlens_k = static_cast<const int*>(varlen->cu_seqlens_k.data_ptr());
+  }
   p.batch = static_cast<int>(b);
   p.heads = static_cast<int>(h);
   p.heads_k = static_cast<int>(h_k);
@@ -331,38 +396,71 @@ int prepare_fwd(const Tensor& q, const Tensor& k, const Tensor& v, const Options
 void check_like(const Tensor& t, const char* name, const Tensor& like, const char* like_name,
                 const Tensor& q) {
   check_cuda_tensor(t, name, q);
-  FA_CHECK(t.dim() == 4 && t.size(0) == like.size(0) && t.size(1) == like.size(1) &&
-               t.size(2) == like.size(2) && t.size(3) == like.size(3),
-           name, " has shape ", shape_str(t), " but ", like_name, " has ", shape_str(like),
+  bool same = t.dim() == like.dim();
+  for (int64_t i = 0; same && i < t.dim(); ++i) same = t.size(i) == like.size(i);
+  FA_CHECK(same, name, " has shape ", shape_str(t), " but ", like_name, " has ", shape_str(like),
            "; they must match");
   FA_CHECK(t.scalar_type() == like.scalar_type(), name, " has dtype ",
            dtype_name(t.scalar_type()), " but ", like_name, " has ",
            dtype_name(like.scalar_type()));
-  FA_CHECK(t.stride(3) == 1, name, " has a non-contiguous last dim; pass a tensor whose last dim "
+  FA_CHECK(t.stride(t.dim() - 1) == 1, name, " has a non-contiguous last dim; pass a tensor whose last dim "
            "is contiguous");
   check_aligned(t, name);
 }
 
 void check_out(const Tensor& out, const Tensor& q) { check_like(out, "out", q, "q", q); }
 
+int64_t head_dim_of(const Tensor& q) { return q.size(q.dim() - 1); }
+
+// softmax_lse: (b, h, s_q), or (h, total_q) for varlen.
+void set_lse(FwdParams& p, const Tensor& lse) {
+  p.softmax_lse = static_cast<float*>(lse.data_ptr());
+  p.lse_batch_stride = lse.dim() == 3 ? lse.stride(0) : 0;
+  p.lse_head_stride = lse.stride(lse.dim() - 2);
+}
+
+Tensor new_lse(const Tensor& q, const Varlen* varlen) {
+  if (varlen != nullptr)
+    return torch::stable::empty({q.size(1), q.size(0)}, ScalarType::Float, std::nullopt, q.device());
+  return torch::stable::empty({q.size(0), q.size(2), q.size(1)}, ScalarType::Float, std::nullopt, q.device());
+}
+
+Tensor new_like(const Tensor& t) {
+  std::vector<int64_t> sizes;
+  for (int64_t i = 0; i < t.dim(); ++i) sizes.push_back(t.size(i));
+  return torch::stable::empty(sizes, t.scalar_type(), std::nullopt, t.device());
+}
+
+void check_launch(const char* what) {
+  const cudaError_t err = cudaGetLastError();
+  FA_CHECK(err == cudaSuccess, what, " kernel launch failed: ", cudaGetErrorString(err));
+}
+
 Tensor run_fwd(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
-               const Options& o) {
+               const Options& o, const Varlen* varlen = nullptr) {
   FwdParams p;
-  const int family = prepare_fwd(q, k, v, o, p);
-  FwdKernelFn fn =
-      find_kernel(fwd_kernel_table(), family, q.scalar_type(), q.size(3), device_info(p.device), "forward").fn;
+  const int family = prepare_fwd(q, k, v, o, p, varlen);
+  FwdKernelFn fn = find_kernel(fwd_kernel_table(), family, q.scalar_type(), head_dim_of(q),
+                               device_info(p.device), "forward").fn;
   check_out(out, q);
   torch::stable::accelerator::DeviceGuard guard(q.get_device_index());
-  Tensor lse = torch::stable::empty({q.size(0), q.size(2), q.size(1)}, ScalarType::Float,
-                                    std::nullopt, q.device());
+  Tensor lse = new_lse(q, varlen);
   p.out = out.data_ptr();
-  p.out_batch_stride = out.stride(0), p.out_row_stride = out.stride(1),
-  p.out_head_stride = out.stride(2);
-  p.softmax_lse = static_cast<float*>(lse.data_ptr());
+  set_strides(out, p.out_batch_stride, p.out_row_stride, p.out_head_stride);
+  set_lse(p, lse);
+  if (q.size(0) == 0 || p.seqlen_q == 0) return lse;  // varlen, every sequence empty: nothing to compute
   fn(p, current_stream(q.get_device_index()));
-  const cudaError_t err = cudaGetLastError();
-  FA_CHECK(err == cudaSuccess, "forward kernel launch failed: ", cudaGetErrorString(err));
+  check_launch("forward");
   return lse;
+}
+
+void check_rank(const Tensor& q, bool varlen) {
+  FA_CHECK(q.is_cuda(), "q is not a CUDA tensor");
+  if (varlen) {
+    FA_CHECK(q.dim() == 3, "q must be 3-D (total_q, heads, head_dim), got shape ", shape_str(q));
+  } else {
+    FA_CHECK(q.dim() == 4, "q must be 4-D (batch, seqlen, heads, head_dim), got shape ", shape_str(q));
+  }
 }
 
 std::tuple<Tensor, Tensor> fwd(Tensor q, Tensor k, Tensor v, std::optional<Tensor> alibi_slopes,
@@ -371,11 +469,8 @@ std::tuple<Tensor, Tensor> fwd(Tensor q, Tensor k, Tensor v, std::optional<Tenso
                                int64_t window_right, double softcap, int64_t family) {
   const Options o{alibi_slopes, rng_state, dropout_p, softmax_scale, causal,
                   window_left,  window_right, softcap, family};
-  FA_CHECK(q.is_cuda(), "q is not a CUDA tensor");
-  FA_CHECK(q.dim() == 4, "q must be 4-D (batch, seqlen, heads, head_dim), got shape ",
-           shape_str(q));
-  Tensor out = torch::stable::empty({q.size(0), q.size(1), q.size(2), q.size(3)},
-                                    q.scalar_type(), std::nullopt, q.device());
+  check_rank(q, false);
+  Tensor out = new_like(q);
   Tensor lse = run_fwd(q, k, v, out, o);
   return std::make_tuple(out, lse);
 }
@@ -389,63 +484,104 @@ Tensor fwd_out(Tensor q, Tensor k, Tensor v, Tensor out, std::optional<Tensor> a
   return run_fwd(q, k, v, out, o);
 }
 
+std::tuple<Tensor, Tensor> varlen_fwd(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k,
+                                      int64_t max_seqlen_q, int64_t max_seqlen_k,
+                                      std::optional<Tensor> alibi_slopes, std::optional<Tensor> rng_state,
+                                      double dropout_p, double softmax_scale, bool causal, int64_t window_left,
+                                      int64_t window_right, double softcap, int64_t family) {
+  const Options o{alibi_slopes, rng_state, dropout_p, softmax_scale, causal,
+                  window_left,  window_right, softcap, family};
+  check_rank(q, true);
+  const Varlen varlen{cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k};
+  Tensor out = new_like(q);
+  Tensor lse = run_fwd(q, k, v, out, o, &varlen);
+  return std::make_tuple(out, lse);
+}
+
+Tensor varlen_fwd_out(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k,
+                      int64_t max_seqlen_q, int64_t max_seqlen_k, Tensor out, std::optional<Tensor> alibi_slopes,
+                      std::optional<Tensor> rng_state, double dropout_p, double softmax_scale, bool causal,
+                      int64_t window_left, int64_t window_right, double softcap, int64_t family) {
+  const Options o{alibi_slopes, rng_state, dropout_p, softmax_scale, causal,
+                  window_left,  window_right, softcap, family};
+  const Varlen varlen{cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k};
+  return run_fwd(q, k, v, out, o, &varlen);
+}
+
 void run_bwd(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
              const Tensor& out, const Tensor& lse_in, const Tensor& dq, const Tensor& dk,
-             const Tensor& dv, const Options& o, bool deterministic) {
+             const Tensor& dv, const Options& o, bool deterministic, const Varlen* varlen = nullptr) {
   BwdParams p;
-  const int family = prepare_fwd(q, k, v, o, p);
+  const int family = prepare_fwd(q, k, v, o, p, varlen);
   check_like(dout, "dout", q, "q", q);
   check_out(out, q);
   check_cuda_tensor(lse_in, "softmax_lse", q);
   FA_CHECK(lse_in.scalar_type() == ScalarType::Float, "softmax_lse has dtype ",
            dtype_name(lse_in.scalar_type()), "; it must be torch.float32 (as fwd returns it)");
-  FA_CHECK(lse_in.dim() == 3 && lse_in.size(0) == q.size(0) && lse_in.size(1) == q.size(2) &&
-               lse_in.size(2) == q.size(1),
-           "softmax_lse has shape ", shape_str(lse_in), "; it must be (batch, heads, seqlen_q) = (",
-           q.size(0), ", ", q.size(2), ", ", q.size(1), ")");
+  const int64_t b = p.batch, h = p.heads, s_q = p.seqlen_q;
+  if (varlen != nullptr) {
+    const int64_t total_q = q.size(0);
+    FA_CHECK(lse_in.dim() == 2 && lse_in.size(0) == h && lse_in.size(1) == total_q, "softmax_lse has shape ",
+             shape_str(lse_in), "; it must be (heads, total_q) = (", h, ", ", total_q, "), as varlen_fwd returns it");
+  } else {
+    FA_CHECK(lse_in.dim() == 3 && lse_in.size(0) == b && lse_in.size(1) == h && lse_in.size(2) == s_q,
+             "softmax_lse has shape ", shape_str(lse_in), "; it must be (batch, heads, seqlen_q) = (", b, ", ",
+             h, ", ", s_q, ")");
+  }
   check_like(dq, "dq", q, "q", q);
   check_like(dk, "dk", k, "k", q);
   check_like(dv, "dv", v, "v", q);
-  const BwdKernelEntry& kernel =
-      find_kernel(bwd_kernel_table(), family, q.scalar_type(), q.size(3), device_info(p.device), "backward");
+  const BwdKernelEntry& kernel = find_kernel(bwd_kernel_table(), family, q.scalar_type(), head_dim_of(q),
+                                             device_info(p.device), "backward");
 
   torch::stable::accelerator::DeviceGuard guard(q.get_device_index());
-  const int64_t b = q.size(0), h = q.size(2), s_q = q.size(1);
+  const cudaStream_t stream = current_stream(q.get_device_index());
   // The lse the forward returned is contiguous; only another one costs a copy.
-  const bool lse_contiguous = lse_in.stride(2) == 1 && lse_in.stride(1) == s_q && lse_in.stride(0) == h * s_q;
+  bool lse_contiguous = lse_in.stride(lse_in.dim() - 1) == 1;
+  for (int64_t i = lse_in.dim() - 2, step = lse_in.size(lse_in.dim() - 1); i >= 0; step *= lse_in.size(i--))
+    lse_contiguous &= lse_in.size(i) == 1 || lse_in.stride(i) == step;
   const Tensor lse = lse_contiguous ? lse_in : torch::stable::contiguous(lse_in);
-  const int64_t s_q_rounded = (s_q + kBwdSeqlenQRounding - 1) / kBwdSeqlenQRounding *
-                              kBwdSeqlenQRounding;
-  // One fp32 workspace: dq_accum (b, h, s_q_rounded, bucket), softmax_d (b, h,
-  // s_q_rounded) and, in deterministic mode, the int32 semaphores.
-  const int64_t rows = b * h * s_q_rounded;
-  const int64_t semaphores = deterministic ? rows / kBwdSemaphoreRows : 0;
+  const int64_t s_q_rounded = (s_q + kBwdSeqlenQRounding - 1) / kBwdSeqlenQRounding * kBwdSeqlenQRounding;
+  // One fp32 workspace: dq_accum (rows, bucket), softmax_d (rows) and, in
+  // deterministic mode, the int32 semaphores (rows / 16, zeroed here). Rows:
+  // (b, h, s_q_rounded), or for varlen (h, total_q + b * 128) (params.h).
+  const int64_t rows_per_head = varlen != nullptr ? q.size(0) + b * kBwdSeqlenQRounding : b * s_q_rounded;
+  const int64_t rows = h * rows_per_head;
+  const int64_t semaphores = deterministic ? rows / kBwdSemaphoreRows + 1 : 0;
   Tensor workspace = torch::stable::empty({rows * (kernel.head_dim + 1) + semaphores}, ScalarType::Float,
                                           std::nullopt, q.device());
   float* const dq_accum = static_cast<float*>(workspace.data_ptr());
   float* const softmax_d = dq_accum + rows * kernel.head_dim;
 
   p.out = out.data_ptr();
-  p.out_batch_stride = out.stride(0), p.out_row_stride = out.stride(1),
-  p.out_head_stride = out.stride(2);
-  p.softmax_lse = static_cast<float*>(lse.data_ptr());
+  set_strides(out, p.out_batch_stride, p.out_row_stride, p.out_head_stride);
+  set_lse(p, lse);
   p.dout = dout.data_ptr();
-  p.dout_batch_stride = dout.stride(0), p.dout_row_stride = dout.stride(1),
-  p.dout_head_stride = dout.stride(2);
+  set_strides(dout, p.dout_batch_stride, p.dout_row_stride, p.dout_head_stride);
   p.dq = dq.data_ptr();
-  p.dq_batch_stride = dq.stride(0), p.dq_row_stride = dq.stride(1), p.dq_head_stride = dq.stride(2);
+  set_strides(dq, p.dq_batch_stride, p.dq_row_stride, p.dq_head_stride);
   p.dk = dk.data_ptr();
-  p.dk_batch_stride = dk.stride(0), p.dk_row_stride = dk.stride(1), p.dk_head_stride = dk.stride(2);
+  set_strides(dk, p.dk_batch_stride, p.dk_row_stride, p.dk_head_stride);
   p.dv = dv.data_ptr();
-  p.dv_batch_stride = dv.stride(0), p.dv_row_stride = dv.stride(1), p.dv_head_stride = dv.stride(2);
+  set_strides(dv, p.dv_batch_stride, p.dv_row_stride, p.dv_head_stride);
   p.dq_accum = dq_accum;
   p.softmax_d = softmax_d;
   p.dq_semaphore = deterministic ? reinterpret_cast<int*>(softmax_d + rows) : nullptr;
   p.seqlen_q_rounded = static_cast<int>(s_q_rounded);
+  p.ws_batch_stride = varlen != nullptr ? 0 : h * s_q_rounded;
+  p.ws_head_stride = varlen != nullptr ? rows_per_head : s_q_rounded;
   p.deterministic = deterministic;
-  kernel.fn(p, current_stream(q.get_device_index()));
-  const cudaError_t err = cudaGetLastError();
-  FA_CHECK(err == cudaSuccess, "backward kernel launch failed: ", cudaGetErrorString(err));
+  if (k.size(0) == 0 || p.seqlen_k == 0) {  // varlen, no keys: every query row gives 0
+    Tensor dq_zero = dq;
+    torch::stable::zero_(dq_zero);
+    return;
+  }
+  if (deterministic) {
+    const cudaError_t err = cudaMemsetAsync(p.dq_semaphore, 0, semaphores * sizeof(int), stream);
+    FA_CHECK(err == cudaSuccess, "clearing the backward's semaphores failed: ", cudaGetErrorString(err));
+  }
+  kernel.fn(p, stream);
+  check_launch("backward");
 }
 
 std::tuple<Tensor, Tensor, Tensor> bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out,
@@ -456,14 +592,9 @@ std::tuple<Tensor, Tensor, Tensor> bwd(Tensor dout, Tensor q, Tensor k, Tensor v
                                        int64_t family) {
   const Options o{alibi_slopes, rng_state, dropout_p, softmax_scale, causal,
                   window_left,  window_right, softcap, family};
-  FA_CHECK(q.is_cuda(), "q is not a CUDA tensor");
-  FA_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4,
-           "q, k, v must be 4-D (batch, seqlen, heads, head_dim)");
-  auto like = [](const Tensor& t) {
-    return torch::stable::empty({t.size(0), t.size(1), t.size(2), t.size(3)}, t.scalar_type(),
-                                std::nullopt, t.device());
-  };
-  Tensor dq = like(q), dk = like(k), dv = like(v);
+  check_rank(q, false);
+  FA_CHECK(k.dim() == 4 && v.dim() == 4, "q, k, v must be 4-D (batch, seqlen, heads, head_dim)");
+  Tensor dq = new_like(q), dk = new_like(k), dv = new_like(v);
   run_bwd(dout, q, k, v, out, softmax_lse, dq, dk, dv, o, deterministic);
   return std::make_tuple(dq, dk, dv);
 }
@@ -478,6 +609,38 @@ void bwd_out(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor softm
   run_bwd(dout, q, k, v, out, softmax_lse, dq, dk, dv, o, deterministic);
 }
 
+// Varlen gradients: dq like q, dk/dv like k/v; a key no query sees (or of a
+// sequence with no queries) gets 0. Zeroed first only where the kernels leave
+// rows unwritten: when every sequence's keys are empty.
+std::tuple<Tensor, Tensor, Tensor> varlen_bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out,
+                                              Tensor softmax_lse, Tensor cu_seqlens_q, Tensor cu_seqlens_k,
+                                              int64_t max_seqlen_q, int64_t max_seqlen_k,
+                                              std::optional<Tensor> alibi_slopes, std::optional<Tensor> rng_state,
+                                              double dropout_p, double softmax_scale, bool causal,
+                                              int64_t window_left, int64_t window_right, double softcap,
+                                              bool deterministic, int64_t family) {
+  const Options o{alibi_slopes, rng_state, dropout_p, softmax_scale, causal,
+                  window_left,  window_right, softcap, family};
+  check_rank(q, true);
+  FA_CHECK(k.dim() == 3 && v.dim() == 3, "k, v must be 3-D (total_k, heads_k, head_dim)");
+  const Varlen varlen{cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k};
+  Tensor dq = new_like(q), dk = new_like(k), dv = new_like(v);
+  run_bwd(dout, q, k, v, out, softmax_lse, dq, dk, dv, o, deterministic, &varlen);
+  return std::make_tuple(dq, dk, dv);
+}
+
+void varlen_bwd_out(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor softmax_lse,
+                    Tensor cu_seqlens_q, Tensor cu_seqlens_k, int64_t max_seqlen_q, int64_t max_seqlen_k,
+                    Tensor dq, Tensor dk, Tensor dv, std::optional<Tensor> alibi_slopes,
+                    std::optional<Tensor> rng_state, double dropout_p, double softmax_scale, bool causal,
+                    int64_t window_left, int64_t window_right, double softcap, bool deterministic,
+                    int64_t family) {
+  const Options o{alibi_slopes, rng_state, dropout_p, softmax_scale, causal,
+                  window_left,  window_right, softcap, family};
+  const Varlen varlen{cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k};
+  run_bwd(dout, q, k, v, out, softmax_lse, dq, dk, dv, o, deterministic, &varlen);
+}
+
 }  // namespace
 }  // namespace flashattn
 
@@ -486,4 +649,8 @@ STABLE_TORCH_LIBRARY_IMPL(flashattn, CUDA, m) {
   m.impl("fwd_out", TORCH_BOX(&flashattn::fwd_out));
   m.impl("bwd", TORCH_BOX(&flashattn::bwd));
   m.impl("bwd_out", TORCH_BOX(&flashattn::bwd_out));
+  m.impl("varlen_fwd", TORCH_BOX(&flashattn::varlen_fwd));
+  m.impl("varlen_fwd_out", TORCH_BOX(&flashattn::varlen_fwd_out));
+  m.impl("varlen_bwd", TORCH_BOX(&flashattn::varlen_bwd));
+  m.impl("varlen_bwd_out", TORCH_BOX(&flashattn::varlen_bwd_out));
 }

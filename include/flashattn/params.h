@@ -8,8 +8,11 @@ namespace flashattn {
 using index_t = int64_t;  // every offset is 64-bit: tensors may exceed 2^31 elements
 
 // Forward problem: q (b, s_q, h, d), k/v (b, s_k, h_k, d), out like q,
-// softmax_lse (b, h, s_q) fp32 contiguous. Strides are in elements; the last
-// dim is contiguous. A stride may be anything else (views of packed qkv).
+// softmax_lse (b, h, s_q) fp32. Strides are in elements; the last dim is
+// contiguous. A stride may be anything else (views of packed qkv).
+// Varlen: q (total_q, h, d), k/v (total_k, h_k, d), sequence b at rows
+// [cu_seqlens[b], cu_seqlens[b + 1]), softmax_lse (h, total_q); seqlen_q/k are
+// the maxima and the batch strides 0 (kernel/seqlen.h).
 struct FwdParams {
   const void* __restrict__ q = nullptr;
   const void* __restrict__ k = nullptr;
@@ -28,6 +31,13 @@ struct FwdParams {
   int seqlen_q = 0;
   int seqlen_k = 0;
   int head_dim = 0;    // actual head dim (multiple of 8), <= the kernel's bucket
+
+  // Varlen: int32 (batch + 1) prefix sums of the sequence lengths; nullptr for a
+  // fixed-length batch.
+  const int* __restrict__ cu_seqlens_q = nullptr;
+  const int* __restrict__ cu_seqlens_k = nullptr;
+  int total_q = 0, total_k = 0;  // varlen: rows of q and of k/v
+  index_t lse_batch_stride = 0, lse_head_stride = 0;  // softmax_lse, in floats
 
   float softmax_scale = 1.f;  // applied to q.k
 
@@ -67,14 +77,17 @@ struct BwdParams : FwdParams {
   void* __restrict__ dq = nullptr;
   void* __restrict__ dk = nullptr;
   void* __restrict__ dv = nullptr;
-  // Workspaces, (b, h, seqlen_q_rounded, ...) so that every query block of
-  // every kernel is whole: dq_accum fp32 (.., head-dim bucket), softmax_d fp32
-  // rowsum(dout * out), dq_semaphore int32 (.., seqlen_q_rounded / 16) counters
-  // that order the dq additions in deterministic mode (nullptr otherwise).
+  // Workspaces, in rows that hold every query block of every kernel whole:
+  // (b, h, seqlen_q_rounded) for a fixed-length batch; (h, total_q + b * 128)
+  // for varlen, sequence b from row cu_seqlens_q[b] + b * 128 (bwd_workspace_row0).
+  // dq_accum fp32 (rows, head-dim bucket), softmax_d fp32 (rows) rowsum(dout *
+  // out), dq_semaphore int32 (rows / 16) counters that order the dq additions
+  // in deterministic mode (nullptr otherwise; zeroed by the host).
   float* __restrict__ dq_accum = nullptr;
   float* __restrict__ softmax_d = nullptr;
   int* __restrict__ dq_semaphore = nullptr;
-  int seqlen_q_rounded = 0;  // multiple of kBwdSeqlenQRounding
+  int seqlen_q_rounded = 0;  // round_up(seqlen_q, kBwdSeqlenQRounding); seqlen_q is the maximum for varlen
+  index_t ws_batch_stride = 0, ws_head_stride = 0;  // workspace rows
 
   index_t dout_batch_stride = 0, dout_row_stride = 0, dout_head_stride = 0;
   index_t dq_batch_stride = 0, dq_row_stride = 0, dq_head_stride = 0;

@@ -69,8 +69,7 @@ struct Sm70FwdTraits : Sm80FwdTraits<Element_, kHeadDim_, kBlockM_, kBlockN_, kN
   using SmemLayoutP = decltype(tile_to_shape(
       composition(Swizzle<kPCols == 32 ? 2 : 3, 3, 3>{}, Layout<Shape<_8, Int<kPCols>>, Stride<Int<kPCols>, _1>>{}),
       Shape<Int<kBlockM_>, Int<kBlockN_>>{}));
-  static constexpr int kSmemSize = Base::kSmemSize + int(size(SmemLayoutP{})) * int(sizeof(Element));
-  static_assert(kSmemSize <= 96 * 1024, "a Volta CTA has at most 96 KB of shared memory");
+  static constexpr int kMaxSmemBytes = 96 * 1024;  // a Volta CTA's shared memory
 
   // No cp.async: 16-byte loads into registers, then 16-byte shared stores; the
   // next K/V tile is loaded into registers while the current one is used.
@@ -90,7 +89,7 @@ struct Sm70BwdTraits : Sm70AccumulatorLayout,
   static constexpr const char* kFamily = "sm70";
   using Base::kBlockM, Base::kBlockN, Base::kHeadDim, Base::kNWarps;
   static_assert(std::is_same_v<Element_, cutlass::half_t>, "Volta tensor cores take fp16 only");
-  static_assert(Base::kSmemSize <= 96 * 1024, "a Volta CTA has at most 96 KB of shared memory");
+  static constexpr int kMaxSmemBytes = 96 * 1024;  // a Volta CTA's shared memory
 
   using TiledMmaSdP = Sm70TiledMma<Sm70AtomTN, kAtomMSdP, kNWarps / kAtomMSdP>;
   using TiledMmadKV = Sm70TiledMma<Sm70AtomNT, kAtomNdKV, kNWarps / kAtomNdKV>;

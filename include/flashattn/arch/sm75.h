@@ -15,7 +15,7 @@ struct Sm75FwdTraits : Sm80FwdTraits<Element_, kHeadDim_, kBlockM_, kBlockN_, kN
   static constexpr const char* kFamily = "sm75";
   using Element = Element_;
   static_assert(std::is_same_v<Element, cutlass::half_t>, "Turing tensor cores take fp16 only");
-  static_assert(Base::kSmemSize <= 64 * 1024, "a Turing CTA has at most 64 KB of shared memory");
+  static constexpr int kMaxSmemBytes = 64 * 1024;  // a Turing CTA's shared memory
 
   // The 16x8x8 atom's C fragment has the 16x8x16 atom's layout (same rows, same
   // lanes: rowcol and the row shuffles are inherited), and its A fragment (16x8,
@@ -53,7 +53,7 @@ struct Sm75BwdTraits : Sm80AccumulatorLayout,
   static constexpr const char* kFamily = "sm75";
   using Base::kBlockM, Base::kBlockN, Base::kHeadDim, Base::kNWarps;
   static_assert(std::is_same_v<Element_, cutlass::half_t>, "Turing tensor cores take fp16 only");
-  static_assert(Base::kSmemSize <= 64 * 1024, "a Turing CTA has at most 64 KB of shared memory");
+  static constexpr int kMaxSmemBytes = 64 * 1024;  // a Turing CTA's shared memory
 
   template <int kWarpRows>
   using WarpTiledMma = TiledMMA<MMA_Atom<SM75_16x8x8_F32F16F16F32_TN>,

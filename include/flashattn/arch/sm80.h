@@ -77,8 +77,9 @@ struct Sm80FwdTraits : Sm80AccumulatorLayout {
   using SmemLayoutVtNoSwizzle = decltype(get_nonswizzle_portion(SmemLayoutVt{}));
   using SmemLayoutO = SmemLayoutQ;  // the output is staged where Q was
 
-  static constexpr int kSmemSize =
-      (size(SmemLayoutQ{}) + 2 * size(SmemLayoutKV{})) * int(sizeof(Element));
+  // Shared memory per CTA the family's GPUs allow (sm_80: 163 KB, sm_90: 227 KB);
+  // the shared-memory struct (kernel/shared_storage.h) is checked against it.
+  static constexpr int kMaxSmemBytes = 227 * 1024;
 
   // Global -> shared: 16-byte cp.async per thread, threads laid along rows.
   static constexpr int kGmemElemsPerLoad = int(sizeof(uint128_t) / sizeof(Element));
@@ -150,10 +151,9 @@ struct BwdTileLayouts {
   // tile has the registers); the family's traits override it.
   static constexpr bool kRegisterPrefetch = false;
 
-  static constexpr int kSmemQSize = int(size(SmemLayoutQdO{})) * (kDoubleBufferQ ? 2 : 1);
-  static constexpr int kSmemSize =
-      (kSmemQSize + int(size(SmemLayoutQdO{})) + 2 * int(size(SmemLayoutKV{})) +
-       2 * int(size(SmemLayoutPdS{}))) * int(sizeof(Element));
+  // Shared memory per CTA the family's GPUs allow (sm_80: 163 KB, sm_90: 227 KB);
+  // the shared-memory struct (kernel/shared_storage.h) is checked against it.
+  static constexpr int kMaxSmemBytes = 227 * 1024;
 
   static constexpr int kGmemElemsPerLoad = int(sizeof(uint128_t) / sizeof(Element));
   static constexpr int kGmemThreadsPerRow = kBlockKSmem / kGmemElemsPerLoad;

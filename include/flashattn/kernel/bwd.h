@@ -19,6 +19,9 @@
 #include <cutlass/array.h>
 
 #include "flashattn/kernel/mask.h"
+#include "flashattn/kernel/seqlen.h"
+#include "flashattn/kernel/shared_storage.h"
+#include "flashattn/kernel/tile_scheduler.h"
 #include "flashattn/kernel/utils.h"
 #include "flashattn/params.h"
 
@@ -26,49 +29,45 @@ namespace flashattn {
 
 using namespace cute;
 
-// Rows of a (b, h, seqlen_q_rounded) problem for the preprocess kernel: 8
-// threads per row, 32 rows per 256-thread CTA, grid-stride.
-struct BwdRowsIndex {
-  static constexpr int kThreads = 256, kThreadsPerRow = 8, kRows = kThreads / kThreadsPerRow;
-  __host__ __device__ static int64_t num_blocks(const BwdParams& p) {
-    return int64_t(p.batch) * p.heads * (p.seqlen_q_rounded / kRows);
-  }
+// The preprocess kernel: one CTA per (128-row block, head, sequence), scheduled
+// like the forward's query blocks; 8 threads per row, 32 rows at a time.
+struct BwdRows {
+  static constexpr int kBlock = kBwdSeqlenQRounding, kThreads = 256, kThreadsPerRow = 8;
+  static constexpr int kRows = kThreads / kThreadsPerRow;
+  using Scheduler = QueryTileScheduler<kBlock>;
 };
 
 template <typename Element, int kHeadDim>
-__global__ void __launch_bounds__(BwdRowsIndex::kThreads) bwd_preprocess_kernel(const BwdParams p) {
-  using R = BwdRowsIndex;
+__global__ void __launch_bounds__(BwdRows::kThreads) bwd_preprocess_kernel(const BwdParams p) {
+  using R = BwdRows;
+  const R::Scheduler tile(p);
+  const SeqlenInfo seq(p, tile.batch);
+  const int block = tile.m_block;
+  if (block * R::kBlock >= seq.seqlen_q) return;
   const int part = threadIdx.x % R::kThreadsPerRow;
-  const int blocks_per_head = p.seqlen_q_rounded / R::kRows;
-  for (int64_t blk = blockIdx.x; blk < R::num_blocks(p); blk += gridDim.x) {
-    const int64_t bh = blk / blocks_per_head;  // batch * heads + head
-    const int row = int(blk % blocks_per_head) * R::kRows + threadIdx.x / R::kThreadsPerRow;
-    const int batch = int(bh / p.heads), head = int(bh % p.heads);
-
-    float4* acc = reinterpret_cast<float4*>(p.dq_accum + (bh * p.seqlen_q_rounded + row) * kHeadDim);
+  const index_t ws_row0 = seq.workspace_row(p, tile.batch, tile.head);
+  const Element* o = static_cast<const Element*>(p.out) + seq.q_offset(p.out_batch_stride, p.out_row_stride, tile.batch) +
+                     tile.head * p.out_head_stride;
+  const Element* d_o = static_cast<const Element*>(p.dout) +
+                       seq.q_offset(p.dout_batch_stride, p.dout_row_stride, tile.batch) + tile.head * p.dout_head_stride;
+  // Every row of the block's whole query tiles: past the sequence's end the dq
+  // accumulator is zeroed too (the backward adds whole tiles into it) and D = 0.
+  for (int row = block * R::kBlock + threadIdx.x / R::kThreadsPerRow; row < (block + 1) * R::kBlock; row += R::kRows) {
+    float4* acc = reinterpret_cast<float4*>(p.dq_accum + (ws_row0 + row) * kHeadDim);
     CUTE_UNROLL
     for (int v = part; v < kHeadDim / 4; v += R::kThreadsPerRow) acc[v] = make_float4(0.f, 0.f, 0.f, 0.f);
-
     float dot = 0.f;
-    if (row < p.seqlen_q) {
+    if (row < seq.seqlen_q) {
       using Vec = cutlass::Array<Element, 8>;
-      const Element* o = static_cast<const Element*>(p.out) + batch * p.out_batch_stride +
-                         row * p.out_row_stride + head * p.out_head_stride;
-      const Element* d_o = static_cast<const Element*>(p.dout) + batch * p.dout_batch_stride +
-                           row * p.dout_row_stride + head * p.dout_head_stride;
       for (int c = part * 8; c < p.head_dim; c += 8 * R::kThreadsPerRow) {
-        const Vec a = *reinterpret_cast<const Vec*>(o + c);
-        const Vec b = *reinterpret_cast<const Vec*>(d_o + c);
+        const Vec a = *reinterpret_cast<const Vec*>(o + row * p.out_row_stride + c);
+        const Vec b = *reinterpret_cast<const Vec*>(d_o + row * p.dout_row_stride + c);
         CUTE_UNROLL
         for (int i = 0; i < 8; ++i) dot = fmaf(float(a[i]), float(b[i]), dot);
       }
     }
     dot = lane_allreduce<R::kThreadsPerRow - 1>(dot, [](float a, float b) { return a + b; });
-    if (part == 0) p.softmax_d[bh * p.seqlen_q_rounded + row] = dot;
-    if (p.dq_semaphore != nullptr && threadIdx.x < R::kRows / kBwdSemaphoreRows) {
-      const int first = int(blk % blocks_per_head) * (R::kRows / kBwdSemaphoreRows);
-      p.dq_semaphore[bh * (p.seqlen_q_rounded / kBwdSemaphoreRows) + first + threadIdx.x] = 0;
-    }
+    if (part == 0) p.softmax_d[ws_row0 + row] = dot;
   }
 }
 
@@ -82,38 +81,26 @@ __global__ void __launch_bounds__(Traits::kNThreads) bwd_convert_dq_kernel(const
   constexpr int kHeadDim = Traits::kHeadDim;
   extern __shared__ __align__(128) char smem[];
   const int tidx = threadIdx.x;
-  const int num_m_blocks = (params.seqlen_q + kBlockM - 1) / kBlockM;
-  const FwdTileIndex tile(num_m_blocks, params.heads, false);
-  const int m0 = tile.m_block * kBlockM;
+  const QueryTileScheduler<kBlockM> tile(params);
+  const SeqlenInfo seq(params, tile.batch);
+  const int m_block = tile.m_block;
+  const int m0 = m_block * kBlockM;
+  if (m0 >= seq.seqlen_q) return;
 
   typename Traits::TiledMmadQ mma_dq;
-  Tensor acc_dq = partition_fragment_C(mma_dq, Shape<Int<kBlockM>, Int<kHeadDim>>{});
+  Tensor acc_dq = partition_fragment_C(mma_dq, Shape<Int<kBlockM>, Int<kHeadDim>>{});  // (MMA, MMA_M, MMA_D)
   scratch_load<Traits::kNThreads>(
-      params.dq_accum + ((int64_t(tile.batch) * params.heads + tile.head) * params.seqlen_q_rounded + m0) * kHeadDim,
-      acc_dq, tidx);
+      params.dq_accum + (seq.workspace_row(params, tile.batch, tile.head) + m0) * kHeadDim, acc_dq, tidx);
   CUTE_UNROLL
   for (int i = 0; i < size(acc_dq); ++i) acc_dq(i) *= params.softmax_scale;
-  Tensor rdQ = convert_fragment<Element>(acc_dq);
-  Tensor sdQ = make_tensor(make_smem_ptr(reinterpret_cast<Element*>(smem)), typename Traits::SmemLayoutQdO{});
-  auto copy_c = make_tiled_copy_C(typename Traits::SmemCopyAtomO{}, mma_dq);
-  copy(copy_c, make_tensor(rdQ.data(), copy_c.retile(rdQ.layout())), copy_c.get_thread_slice(tidx).partition_D(sdQ));
-  __syncthreads();
-
+  auto& storage = *reinterpret_cast<ConvertDqSharedStorage<Traits>*>(smem);
+  Tensor sdQ = make_tensor(make_smem_ptr(storage.dq.data()), typename Traits::SmemLayoutQdO{});  // (M, d)
   Tensor gdQ = make_tensor(
-      make_gmem_ptr(static_cast<Element*>(params.dq) + tile.batch * params.dq_batch_stride +
+      make_gmem_ptr(static_cast<Element*>(params.dq) + seq.q_offset(params.dq_batch_stride, params.dq_row_stride, tile.batch) +
                     tile.head * params.dq_head_stride + index_t(m0) * params.dq_row_stride),
-      make_layout(make_shape(Int<kBlockM>{}, Int<kHeadDim>{}), make_stride(params.dq_row_stride, _1{})));
-  typename Traits::GmemTiledCopyO gmem_copy_o;
-  auto gmem_thr = gmem_copy_o.get_thread_slice(tidx);
-  Tensor tdQsdQ = gmem_thr.partition_S(sdQ);
-  Tensor tdQgdQ = gmem_thr.partition_D(gdQ);
-  Tensor tdQcdQ = gmem_thr.partition_S(make_identity_tensor(Shape<Int<kBlockM>, Int<kHeadDim>>{}));
-  Tensor tdQpdQ = make_tensor<bool>(make_shape(size<2>(tdQgdQ)));
-  CUTE_UNROLL
-  for (int k = 0; k < size(tdQpdQ); ++k) tdQpdQ(k) = get<1>(tdQcdQ(0, 0, k)) < params.head_dim;
-  Tensor tdQrdQ = make_tensor<Element>(shape(tdQgdQ));
-  copy(gmem_copy_o, tdQsdQ, tdQrdQ);
-  store_tile(gmem_copy_o, tdQrdQ, tdQgdQ, tdQcdQ, tdQpdQ, params.seqlen_q - m0);
+      make_layout(make_shape(Int<kBlockM>{}, Int<kHeadDim>{}), make_stride(params.dq_row_stride, _1{})));  // (M, d)
+  store_through_smem<typename Traits::GmemTiledCopyO, typename Traits::SmemCopyAtomO>(
+      acc_dq, mma_dq, sdQ, gdQ, seq.seqlen_q - m0, params.head_dim, tidx);
 }
 
 // Deterministic dQ: the CTAs adding into one query block take turns in
@@ -146,23 +133,15 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const BwdPara
   extern __shared__ __align__(128) char smem[];
   const int tidx = threadIdx.x;
 
-  // Which (key block, kv head, batch): key block fastest, so that CTAs running
-  // together share Q and dO in L2. With a causal mask the first key blocks are
-  // seen by the most queries: there every (kv head, batch)'s block 0 starts first,
-  // then block 1, ..., so that the longest CTAs do not run last. Either way a
-  // smaller key block of the same head has a smaller index: in deterministic mode
-  // a CTA waits only for those.
-  const int num_n_blocks = (params.seqlen_k + kBlockN - 1) / kBlockN;
-  const int64_t num_bhk = int64_t(params.heads_k) * params.batch;
-  const bool heavy_first = params.window_right >= 0;
-  const int n_block = int(heavy_first ? blockIdx.x / num_bhk : blockIdx.x % num_n_blocks);
-  const int64_t bhk = heavy_first ? blockIdx.x % num_bhk : blockIdx.x / num_n_blocks;
-  const int head_k = int(bhk % params.heads_k);
-  const int batch = int(bhk / params.heads_k);
+  const KeyTileScheduler<kBlockN> tile(params);
+  const int head_k = tile.head_k, batch = tile.batch;
+  const SeqlenInfo seq(params, batch);
+  const int n_block = tile.n_block;
+  const int n0 = n_block * kBlockN;
+  if (n0 >= seq.seqlen_k) return;  // past the sequence's end: a spare slot of the varlen grid
   const int group = params.heads / params.heads_k;
   const int head0 = head_k * group;
-  const int n0 = n_block * kBlockN;
-  const AttentionMask mask(params);
+  const AttentionMask mask(params, seq);
   int m_begin, m_end;
   mask.query_block_range(n0, kBlockN, kBlockM, m_begin, m_end);
   const int num_m = m_end - m_begin;
@@ -173,14 +152,18 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const BwdPara
                        make_layout(make_shape(rows, Int<kHeadDim>{}), make_stride(row_stride, _1{})));
   };
   // K, V of this block; Q, dO of (head0, query block 0): the loop offsets them.
-  Tensor gK = gmem_tile(params.k, batch * params.k_batch_stride + head_k * params.k_head_stride +
-                                      n0 * params.k_row_stride, params.k_row_stride, Int<kBlockN>{});
-  Tensor gV = gmem_tile(params.v, batch * params.v_batch_stride + head_k * params.v_head_stride +
-                                      n0 * params.v_row_stride, params.v_row_stride, Int<kBlockN>{});
-  Tensor gQ = gmem_tile(params.q, batch * params.q_batch_stride + head0 * params.q_head_stride,
-                        params.q_row_stride, Int<kBlockM>{});
-  Tensor gdO = gmem_tile(params.dout, batch * params.dout_batch_stride + head0 * params.dout_head_stride,
-                         params.dout_row_stride, Int<kBlockM>{});
+  Tensor gK = gmem_tile(params.k, seq.k_offset(params.k_batch_stride, params.k_row_stride, batch) +
+                                      head_k * params.k_head_stride + n0 * params.k_row_stride,
+                        params.k_row_stride, Int<kBlockN>{});  // (N, d)
+  Tensor gV = gmem_tile(params.v, seq.k_offset(params.v_batch_stride, params.v_row_stride, batch) +
+                                      head_k * params.v_head_stride + n0 * params.v_row_stride,
+                        params.v_row_stride, Int<kBlockN>{});  // (N, d)
+  Tensor gQ = gmem_tile(params.q, seq.q_offset(params.q_batch_stride, params.q_row_stride, batch) +
+                                      head0 * params.q_head_stride,
+                        params.q_row_stride, Int<kBlockM>{});  // (M, d)
+  Tensor gdO = gmem_tile(params.dout, seq.q_offset(params.dout_batch_stride, params.dout_row_stride, batch) +
+                                          head0 * params.dout_head_stride,
+                         params.dout_row_stride, Int<kBlockM>{});  // (M, d)
   auto q_offset = [&](int head, int m_block) {
     return (head - head0) * params.q_head_stride + index_t(m_block) * kBlockM * params.q_row_stride;
   };
@@ -189,12 +172,13 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const BwdPara
   };
 
   // Shared memory: Q (x2 when double-buffered), dO, K, V, P, dS.
-  Tensor sQ = make_tensor(make_smem_ptr(reinterpret_cast<Element*>(smem)), typename Traits::SmemLayoutQdO{});
-  Tensor sdO = make_tensor(sQ.data() + int(Traits::kSmemQSize), typename Traits::SmemLayoutQdO{});
-  Tensor sK = make_tensor(sdO.data() + size(sdO), typename Traits::SmemLayoutKV{});
-  Tensor sV = make_tensor(sK.data() + size(sK), typename Traits::SmemLayoutKV{});
-  Tensor sP = make_tensor(sV.data() + size(sV), typename Traits::SmemLayoutPdS{});
-  Tensor sdS = make_tensor(sP.data() + size(sP), typename Traits::SmemLayoutPdS{});
+  auto& storage = *reinterpret_cast<BwdSharedStorage<Traits>*>(smem);
+  Tensor sQ = make_tensor(make_smem_ptr(storage.q[0].data()), typename Traits::SmemLayoutQdO{});  // (M, d), buffer 0
+  Tensor sdO = make_tensor(make_smem_ptr(storage.d_o.data()), typename Traits::SmemLayoutQdO{});  // (M, d)
+  Tensor sK = make_tensor(make_smem_ptr(storage.k.data()), typename Traits::SmemLayoutKV{});      // (N, d)
+  Tensor sV = make_tensor(make_smem_ptr(storage.v.data()), typename Traits::SmemLayoutKV{});      // (N, d)
+  Tensor sP = make_tensor(make_smem_ptr(storage.p.data()), typename Traits::SmemLayoutPdS{});     // (M, N)
+  Tensor sdS = make_tensor(make_smem_ptr(storage.ds.data()), typename Traits::SmemLayoutPdS{});   // (M, N)
   Tensor sQt = make_tensor(sQ.data(), typename Traits::SmemLayoutQdOt{});
   Tensor sQtNoSwizzle = make_tensor(sQ.data().get(), typename Traits::SmemLayoutQdOtNoSwizzle{});
   Tensor sdOt = make_tensor(sdO.data(), typename Traits::SmemLayoutQdOt{});
@@ -287,22 +271,21 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const BwdPara
   Tensor tdQsdS = copy_dq_a.get_thread_slice(tidx).partition_S(sdS);
   Tensor tdQsKt = copy_dq_b.get_thread_slice(tidx).partition_S(sKt);
   // dQ = dS K is added into the fp32 accumulator, one kBlockM x kHeadDim tile
-  // per (batch, head, query block), in scratch_add's coalesced layout.
+  // per (sequence, head, query block), in scratch_add's coalesced layout.
   auto dq_accum_tile = [&](int head, int m0) {
-    return params.dq_accum +
-           ((int64_t(batch) * params.heads + head) * params.seqlen_q_rounded + m0) * kHeadDim;
+    return params.dq_accum + (seq.workspace_row(params, batch, head) + m0) * kHeadDim;
   };
 
   if (num_iters > 0) {
     // Prologue: K, V and the first Q, dO.
-    copy_tile<Traits::kCopyZeroFills>(gmem_copy, tKgK, tKsK, tKcK, tKpK, params.seqlen_k - n0);
-    copy_tile<Traits::kCopyZeroFills>(gmem_copy, tVgV, tVsV, tKcK, tKpK, params.seqlen_k - n0);
+    copy_tile<Traits::kCopyZeroFills>(gmem_copy, tKgK, tKsK, tKcK, tKpK, seq.seqlen_k - n0);
+    copy_tile<Traits::kCopyZeroFills>(gmem_copy, tVgV, tVsV, tKcK, tKpK, seq.seqlen_k - n0);
     Tensor q0 = q_dst(0);
     copy_tile<Traits::kCopyZeroFills>(gmem_copy, q_src(head0, m_begin), q0, tQcQ, tQpQ,
-                                      params.seqlen_q - m_begin * kBlockM);
+                                      seq.seqlen_q - m_begin * kBlockM);
     cp_async_fence();
     copy_tile<Traits::kCopyZeroFills>(gmem_copy, do_src(head0, m_begin), tdOsdO, tQcQ, tQpQ,
-                                      params.seqlen_q - m_begin * kBlockM);
+                                      seq.seqlen_q - m_begin * kBlockM);
     cp_async_fence();
   }
 
@@ -314,16 +297,17 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const BwdPara
     const int next_head = m_block + 1 < m_end ? head : head + 1;
     const int next_m_block = m_block + 1 < m_end ? m_block + 1 : m_begin;
     const bool has_next = it + 1 < num_iters;
-    const int64_t bh = int64_t(batch) * params.heads + head;
+    const index_t lse_row0 = seq.lse_offset(params, batch, head);
+    const index_t ws_row0 = seq.workspace_row(params, batch, head);
 
     // lse in log2 units as hi + lo (+inf past the end: P = 0 there) and D of this thread's rows.
     float lse_hi[kRows], lse_lo[kRows], d_row[kRows];
     CUTE_UNROLL
     for (int r = 0; r < kRows; ++r) {
       const int row = m0 + get<0>(tScS_rc(r, 0));
-      const bool in = row < params.seqlen_q;
-      lse_to_log2(in ? params.softmax_lse[bh * params.seqlen_q + row] : INFINITY, lse_hi[r], lse_lo[r]);
-      d_row[r] = in ? params.softmax_d[bh * params.seqlen_q_rounded + row] : 0.f;
+      const bool in = row < seq.seqlen_q;
+      lse_to_log2(in ? params.softmax_lse[lse_row0 + row] : INFINITY, lse_hi[r], lse_lo[r]);
+      d_row[r] = in ? params.softmax_d[ws_row0 + row] : 0.f;
     }
 
     // Loads in flight: Q[it] (oldest), then dO[it], then (double-buffered) Q[it+1].
@@ -335,7 +319,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const BwdPara
     clear(acc_s);
     gemm_smem_smem(acc_s, tSrQ, tSrK, make_tensor(tSsQ.data() + q_smem_offset, tSsQ.layout()), tSsK,
                    mma_sdp, copy_sdp_a, copy_sdp_b);
-    const int next_rows = params.seqlen_q - next_m_block * kBlockM;
+    const int next_rows = seq.seqlen_q - next_m_block * kBlockM;
     Tensor next_q_dst = q_dst(Traits::kDoubleBufferQ ? q_buffer ^ 1 : 0);
     if (Traits::kDoubleBufferQ && has_next) {
       // The other Q buffer was last read in the previous iteration.
@@ -421,9 +405,11 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const BwdPara
       if constexpr (!Traits::kDoubleBufferQ) next_q.commit(gmem_copy, next_q_dst);
       next_do.commit(gmem_copy, tdOsdO);
     }
+    // One semaphore per query block: its first workspace row / 16 (query
+    // blocks of >= 16 rows, sequences apart by >= 16 rows: params.h).
     int* semaphore = params.dq_semaphore == nullptr
                          ? nullptr
-                         : params.dq_semaphore + bh * (params.seqlen_q_rounded / kBwdSemaphoreRows) + m_block;
+                         : params.dq_semaphore + (ws_row0 + m0) / kBwdSemaphoreRows;
     if (semaphore != nullptr) {
       int n_first, n_last;
       mask.key_block_range(m0, kBlockM, kBlockN, n_first, n_last);
@@ -440,39 +426,24 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const BwdPara
   // (where Q and dO were) for 16-byte stores.
   CUTE_UNROLL
   for (int i = 0; i < size(acc_dk); ++i) acc_dk(i) *= params.softmax_scale;
-  Tensor rdK = convert_fragment<Element>(acc_dk);
-  Tensor rdV = convert_fragment<Element>(acc_dv);
   Tensor sdK = make_tensor(sQ.data(), typename Traits::SmemLayoutKV{});
   Tensor sdV = make_tensor(sdK.data() + size(sdK), typename Traits::SmemLayoutKV{});
-  auto copy_dkv_c = make_tiled_copy_C(typename Traits::SmemCopyAtomO{}, mma_dkv);
-  cp_async_wait<0>();
-  __syncthreads();
-  copy(copy_dkv_c, make_tensor(rdK.data(), copy_dkv_c.retile(rdK.layout())),
-       copy_dkv_c.get_thread_slice(tidx).partition_D(sdK));
-  copy(copy_dkv_c, make_tensor(rdV.data(), copy_dkv_c.retile(rdV.layout())),
-       copy_dkv_c.get_thread_slice(tidx).partition_D(sdV));
-  __syncthreads();
-
   auto out_tile = [&](void* base, index_t offset, index_t row_stride) {
     return make_tensor(make_gmem_ptr(static_cast<Element*>(base) + offset),
                        make_layout(make_shape(Int<kBlockN>{}, Int<kHeadDim>{}), make_stride(row_stride, _1{})));
   };
-  Tensor gdK = out_tile(params.dk, batch * params.dk_batch_stride + head_k * params.dk_head_stride +
-                                       n0 * params.dk_row_stride, params.dk_row_stride);
-  Tensor gdV = out_tile(params.dv, batch * params.dv_batch_stride + head_k * params.dv_head_stride +
-                                       n0 * params.dv_row_stride, params.dv_row_stride);
-  typename Traits::GmemTiledCopyO gmem_copy_o;
-  auto gmem_thr_o = gmem_copy_o.get_thread_slice(tidx);
-  Tensor tdKsdK = gmem_thr_o.partition_S(sdK);
-  Tensor tdVsdV = gmem_thr_o.partition_S(sdV);
-  Tensor tdKgdK = gmem_thr_o.partition_D(gdK);
-  Tensor tdVgdV = gmem_thr_o.partition_D(gdV);
-  Tensor tdKrdK = make_tensor<Element>(shape(tdKgdK));
-  Tensor tdVrdV = make_tensor<Element>(shape(tdVgdV));
-  copy(gmem_copy_o, tdKsdK, tdKrdK);
-  copy(gmem_copy_o, tdVsdV, tdVrdV);
-  store_tile(gmem_copy_o, tdKrdK, tdKgdK, tKcK, tKpK, params.seqlen_k - n0);
-  store_tile(gmem_copy_o, tdVrdV, tdVgdV, tKcK, tKpK, params.seqlen_k - n0);
+  Tensor gdK = out_tile(params.dk, seq.k_offset(params.dk_batch_stride, params.dk_row_stride, batch) +
+                                       head_k * params.dk_head_stride + n0 * params.dk_row_stride,
+                        params.dk_row_stride);  // (N, d)
+  Tensor gdV = out_tile(params.dv, seq.k_offset(params.dv_batch_stride, params.dv_row_stride, batch) +
+                                       head_k * params.dv_head_stride + n0 * params.dv_row_stride,
+                        params.dv_row_stride);  // (N, d)
+  cp_async_wait<0>();
+  __syncthreads();  // every warp is done with Q and dO
+  using GmemCopyO = typename Traits::GmemTiledCopyO;
+  using SmemCopyO = typename Traits::SmemCopyAtomO;
+  store_through_smem<GmemCopyO, SmemCopyO>(acc_dk, mma_dkv, sdK, gdK, seq.seqlen_k - n0, params.head_dim, tidx);
+  store_through_smem<GmemCopyO, SmemCopyO>(acc_dv, mma_dkv, sdV, gdV, seq.seqlen_k - n0, params.head_dim, tidx);
 }
 
 }  // namespace flashattn

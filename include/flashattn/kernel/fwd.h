@@ -9,7 +9,10 @@
 #include <cute/tensor.hpp>
 
 #include "flashattn/kernel/mask.h"
+#include "flashattn/kernel/seqlen.h"
+#include "flashattn/kernel/shared_storage.h"
 #include "flashattn/kernel/softmax.h"
+#include "flashattn/kernel/tile_scheduler.h"
 #include "flashattn/kernel/utils.h"
 #include "flashattn/params.h"
 
@@ -29,42 +32,50 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(const FwdPara
 
   extern __shared__ __align__(128) char smem[];
   const int tidx = threadIdx.x;
-  const int num_m_blocks = (params.seqlen_q + kBlockM - 1) / kBlockM;
-  const FwdTileIndex tile(num_m_blocks, params.heads, params.window_right >= 0);
-  const int m0 = tile.m_block * kBlockM;
+  const QueryTileScheduler<kBlockM> tile(params);
+  const SeqlenInfo seq(params, tile.batch);
+  const int m_block = tile.m_block;
+  const int m0 = m_block * kBlockM;
+  // Past the sequence's end: a spare slot of the varlen grid.
+  if (m0 >= seq.seqlen_q) return;
   const int head_k = tile.head / (params.heads / params.heads_k);
-  const AttentionMask mask(params);
+  const AttentionMask mask(params, seq);
 
-  // Global tensors of this (batch, head): (seqlen, head_dim), 64-bit strides.
-  auto gmem = [](const void* base, index_t batch_off, index_t head_off, int rows, index_t row_stride) {
-    return make_tensor(make_gmem_ptr(static_cast<const Element*>(base) + batch_off + head_off),
+  // Global tensors of this (sequence, head): (seqlen, head_dim), 64-bit strides.
+  auto gmem = [](const void* base, index_t offset, int rows, index_t row_stride) {
+    return make_tensor(make_gmem_ptr(static_cast<const Element*>(base) + offset),
                        make_layout(make_shape(rows, Int<kHeadDim>{}), make_stride(row_stride, _1{})));
   };
-  Tensor mQ = gmem(params.q, tile.batch * params.q_batch_stride, tile.head * params.q_head_stride,
-                   params.seqlen_q, params.q_row_stride);
-  Tensor mK = gmem(params.k, tile.batch * params.k_batch_stride, head_k * params.k_head_stride,
-                   params.seqlen_k, params.k_row_stride);
-  Tensor mV = gmem(params.v, tile.batch * params.v_batch_stride, head_k * params.v_head_stride,
-                   params.seqlen_k, params.v_row_stride);
+  Tensor mQ = gmem(params.q, seq.q_offset(params.q_batch_stride, params.q_row_stride, tile.batch) +
+                                 tile.head * params.q_head_stride,
+                   seq.seqlen_q, params.q_row_stride);                          // (s_q, d)
+  Tensor mK = gmem(params.k, seq.k_offset(params.k_batch_stride, params.k_row_stride, tile.batch) +
+                                 head_k * params.k_head_stride,
+                   seq.seqlen_k, params.k_row_stride);                          // (s_k, d)
+  Tensor mV = gmem(params.v, seq.k_offset(params.v_batch_stride, params.v_row_stride, tile.batch) +
+                                 head_k * params.v_head_stride,
+                   seq.seqlen_k, params.v_row_stride);                          // (s_k, d)
   Tensor mO = make_tensor(
-      make_gmem_ptr(static_cast<Element*>(params.out) + tile.batch * params.out_batch_stride +
+      make_gmem_ptr(static_cast<Element*>(params.out) +
+                    seq.q_offset(params.out_batch_stride, params.out_row_stride, tile.batch) +
                     tile.head * params.out_head_stride),
-      make_layout(make_shape(params.seqlen_q, Int<kHeadDim>{}), make_stride(params.out_row_stride, _1{})));
-  Tensor gQ = local_tile(mQ, Shape<Int<kBlockM>, Int<kHeadDim>>{}, make_coord(tile.m_block, 0));
-  Tensor gO = local_tile(mO, Shape<Int<kBlockM>, Int<kHeadDim>>{}, make_coord(tile.m_block, 0));
+      make_layout(make_shape(seq.seqlen_q, Int<kHeadDim>{}), make_stride(params.out_row_stride, _1{})));
+  Tensor gQ = local_tile(mQ, Shape<Int<kBlockM>, Int<kHeadDim>>{}, make_coord(m_block, 0));  // (M, d)
+  Tensor gO = local_tile(mO, Shape<Int<kBlockM>, Int<kHeadDim>>{}, make_coord(m_block, 0));  // (M, d)
   // K and V start at the last visible key block and step back one block per
   // iteration: one moving pointer each, not one address per block.
   int n_begin, n_end;
   mask.key_block_range(m0, kBlockM, kBlockN, n_begin, n_end);
-  Tensor gK = local_tile(mK, Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(max(n_end - 1, 0), 0));
-  Tensor gV = local_tile(mV, Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(max(n_end - 1, 0), 0));
+  Tensor gK = local_tile(mK, Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(max(n_end - 1, 0), 0));  // (N, d)
+  Tensor gV = local_tile(mV, Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(max(n_end - 1, 0), 0));  // (N, d)
   const index_t k_block_step = -index_t(kBlockN) * params.k_row_stride;
   const index_t v_block_step = -index_t(kBlockN) * params.v_row_stride;
-  float* lse_row0 = params.softmax_lse + (int64_t(tile.batch) * params.heads + tile.head) * params.seqlen_q;
+  float* lse_row0 = params.softmax_lse + seq.lse_offset(params, tile.batch, tile.head);
 
-  Tensor sQ = make_tensor(make_smem_ptr(reinterpret_cast<Element*>(smem)), typename Traits::SmemLayoutQ{});
-  Tensor sK = make_tensor(sQ.data() + size(sQ), typename Traits::SmemLayoutKV{});
-  Tensor sV = make_tensor(sK.data() + size(sK), typename Traits::SmemLayoutKV{});
+  auto& storage = *reinterpret_cast<FwdSharedStorage<Traits>*>(smem);
+  Tensor sQ = make_tensor(make_smem_ptr(storage.q.data()), typename Traits::SmemLayoutQ{});   // (M, d)
+  Tensor sK = make_tensor(make_smem_ptr(storage.k.data()), typename Traits::SmemLayoutKV{});  // (N, d)
+  Tensor sV = make_tensor(make_smem_ptr(storage.v.data()), typename Traits::SmemLayoutKV{});  // (N, d)
   Tensor sVt = make_tensor(sV.data(), typename Traits::SmemLayoutVt{});
   Tensor sVtNoSwizzle = make_tensor(sV.data().get(), typename Traits::SmemLayoutVtNoSwizzle{});
   Tensor sO = make_tensor(sQ.data(), typename Traits::SmemLayoutO{});
@@ -88,11 +99,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(const FwdPara
   CUTE_UNROLL
   for (int k = 0; k < size(tKpK); ++k) tKpK(k) = get<1>(tKcK(0, 0, k)) < params.head_dim;
 
-  typename Traits::GmemTiledCopyO gmem_copy_o;
-  auto gmem_thr_o = gmem_copy_o.get_thread_slice(tidx);
-  Tensor tOsO = gmem_thr_o.partition_S(sO);
-  Tensor tOgO = gmem_thr_o.partition_D(gO);
-  const int rows_left_q = params.seqlen_q - m0;
+  const int rows_left_q = seq.seqlen_q - m0;
 
   // Accumulator coordinates and rows, for the lse and the masks.
   typename Traits::TiledMma tiled_mma;
@@ -108,7 +115,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(const FwdPara
     // Q and the last visible K block.
     copy_tile<Traits::kCopyZeroFills>(gmem_copy, tQgQ, tQsQ, tQcQ, tQpQ, rows_left_q);
     int n_block = n_end - 1;
-    copy_tile<Traits::kCopyZeroFills>(gmem_copy, tKgK, tKsK, tKcK, tKpK, params.seqlen_k - n_block * kBlockN);
+    copy_tile<Traits::kCopyZeroFills>(gmem_copy, tKgK, tKsK, tKcK, tKpK, seq.seqlen_k - n_block * kBlockN);
     cp_async_fence();
 
     // Shared -> register partitions for S = Q K^T and O += P V.
@@ -145,7 +152,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(const FwdPara
       clear(acc_s);
       cp_async_wait<0>();
       __syncthreads();  // K[n] (and Q) landed; everyone is done with V[n+1]
-      load_v.issue(gmem_copy, tVgV, tVsV, tKcK, tKpK, params.seqlen_k - n0);
+      load_v.issue(gmem_copy, tVgV, tVsV, tKcK, tKpK, seq.seqlen_k - n0);
       tVgV.data() = tVgV.data() + v_block_step;
       cp_async_fence();
 
@@ -164,7 +171,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(const FwdPara
       __syncthreads();  // V[n] landed; everyone is done with K[n]
       if (n_block > n_begin) {
         tKgK.data() = tKgK.data() + k_block_step;
-        load_k.issue(gmem_copy, tKgK, tKsK, tKcK, tKpK, params.seqlen_k - n0 + kBlockN);
+        load_k.issue(gmem_copy, tKgK, tKsK, tKcK, tKpK, seq.seqlen_k - n0 + kBlockN);
         cp_async_fence();
       }
 
@@ -175,7 +182,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(const FwdPara
       if constexpr (Traits::kPThroughSmem) {
         // The accumulator layout is no operand layout (Volta): P goes through
         // shared memory, each warp its own rows.
-        Tensor sP = make_tensor(sV.data() + size(sV), typename Traits::SmemLayoutP{});
+        Tensor sP = make_tensor(make_smem_ptr(storage.p.data()), typename Traits::SmemLayoutP{});  // (M, N)
         auto smem_copy_c = make_tiled_copy_C(typename Traits::SmemCopyAtomO{}, tiled_mma);
         copy(smem_copy_c, make_tensor(rP.data(), smem_copy_c.retile(rP.layout())),
              smem_copy_c.get_thread_slice(tidx).partition_D(sP));
@@ -198,27 +205,18 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(const FwdPara
     for (int r = 0; r < kRows; ++r) lse[r] = INFINITY;
   }
 
-  // Epilogue: O through shared memory (where Q was) for 16-byte global stores.
-  Tensor rO = convert_fragment<Element>(acc_o);
-  auto smem_copy_o = make_tiled_copy_C(typename Traits::SmemCopyAtomO{}, tiled_mma);
-  Tensor taccOrO = make_tensor(rO.data(), smem_copy_o.retile(rO.layout()));
-  Tensor taccOsO = smem_copy_o.get_thread_slice(tidx).partition_D(sO);
-  __syncthreads();  // every warp is done reading Q from shared memory
-  copy(smem_copy_o, taccOrO, taccOsO);
-
   // lse: the lane holding column 0 of a row writes it.
   if (get<1>(tOcO_rc(0, 0)) == 0) {
     CUTE_UNROLL
     for (int r = 0; r < kRows; ++r) {
       const int row = m0 + get<0>(tOcO_rc(r, 0));
-      if (row < params.seqlen_q) lse_row0[row] = lse[r];
+      if (row < seq.seqlen_q) lse_row0[row] = lse[r];
     }
   }
-
-  __syncthreads();
-  Tensor tOrO = make_tensor<Element>(shape(tOgO));
-  copy(gmem_copy_o, tOsO, tOrO);
-  store_tile(gmem_copy_o, tOrO, tOgO, tQcQ, tQpQ, rows_left_q);
+  // Epilogue: O through shared memory (where Q was) for 16-byte global stores.
+  __syncthreads();  // every warp is done reading Q from shared memory
+  store_through_smem<typename Traits::GmemTiledCopyO, typename Traits::SmemCopyAtomO>(
+      acc_o, tiled_mma, sO, gO, rows_left_q, params.head_dim, tidx);
 }
 
 }  // namespace flashattn

@@ -1,10 +1,12 @@
 // Which keys a query row may see: bottom-right aligned causal / sliding-window
-// masks and the sequence tail. Written against tile coordinates, so it holds
-// for every family's accumulator layout.
+// masks and the sequence tail, from one sequence's lengths (SeqlenInfo: a
+// varlen sequence is aligned to its own bottom-right). Written against tile
+// coordinates, so it holds for every family's accumulator layout.
 #pragma once
 
 #include <cute/tensor.hpp>
 
+#include "flashattn/kernel/seqlen.h"
 #include "flashattn/params.h"
 
 namespace flashattn {
@@ -14,9 +16,9 @@ struct AttentionMask {
   int window_left, window_right;  // -1: unbounded
   int64_t diag_offset;            // s_k - s_q: row i's diagonal is column i + s_k - s_q
 
-  __device__ explicit AttentionMask(const FwdParams& p)
-      : seqlen_q(p.seqlen_q), seqlen_k(p.seqlen_k), window_left(p.window_left),
-        window_right(p.window_right), diag_offset(int64_t(p.seqlen_k) - p.seqlen_q) {}
+  __device__ AttentionMask(const FwdParams& p, const SeqlenInfo& seq)
+      : seqlen_q(seq.seqlen_q), seqlen_k(seq.seqlen_k), window_left(p.window_left),
+        window_right(p.window_right), diag_offset(int64_t(seq.seqlen_k) - seq.seqlen_q) {}
 
   // Key blocks [n_begin, n_end) that rows [m0, m0 + block_m) can see.
   __device__ void key_block_range(int m0, int block_m, int block_n, int& n_begin, int& n_end) const {

@@ -10,20 +10,6 @@ namespace flashattn {
 
 using namespace cute;
 
-// Which (query block, head, batch) a CTA computes. A 1-D grid has no 65535
-// limit on heads or batch; the heaviest causal query blocks start first.
-struct FwdTileIndex {
-  int m_block, head, batch;
-  __device__ FwdTileIndex(int num_m_blocks, int heads, bool reverse_m) {
-    const int64_t bid = blockIdx.x;
-    const int m = int(bid % num_m_blocks);
-    const int64_t bh = bid / num_m_blocks;
-    m_block = reverse_m ? num_m_blocks - 1 - m : m;
-    head = int(bh % heads);
-    batch = int(bh / heads);
-  }
-};
-
 // acc += A . B^T with both operands in shared memory. The next k-slice is read
 // from shared memory while the tensor cores work on the current one.
 template <typename Acc, typename RegA, typename RegB, typename SmemA, typename SmemB, typename TiledMma,
@@ -210,6 +196,34 @@ __device__ __forceinline__ auto convert_fragment(const Fragment& src) {
   *reinterpret_cast<cutlass::Array<To, N>*>(dst.data()) =
       convert(*reinterpret_cast<const cutlass::Array<From, N>*>(src.data()));
   return dst;
+}
+
+// Epilogue of a tile: an fp32 accumulator fragment (of `mma`) to global memory
+// in the tile's element type, through shared memory so that the global stores
+// are 16-byte vectors: fragment -> sTile, barrier, sTile -> registers ->
+// rows < rows_left and columns < cols_left of gTile. sTile and gTile are
+// (rows, cols) tiles of one shape; the caller makes sure that nobody still
+// reads sTile's memory (a barrier) before the call.
+template <typename GmemTiledCopy, typename SmemCopyAtom, typename Acc, typename TiledMma, typename SmemTile,
+          typename GmemTile>
+__device__ __forceinline__ void store_through_smem(const Acc& acc, TiledMma mma, SmemTile& sTile, GmemTile& gTile,
+                                                   int rows_left, int cols_left, int tidx) {
+  using Element = typename SmemTile::value_type;
+  Tensor rAcc = convert_fragment<Element>(acc);
+  auto copy_c = make_tiled_copy_C(SmemCopyAtom{}, mma);
+  copy(copy_c, make_tensor(rAcc.data(), copy_c.retile(rAcc.layout())), copy_c.get_thread_slice(tidx).partition_D(sTile));
+  __syncthreads();
+  GmemTiledCopy gmem_copy;
+  auto thr = gmem_copy.get_thread_slice(tidx);
+  Tensor tSsT = thr.partition_S(sTile);                                             // (CPY, CPY_ROWS, CPY_COLS)
+  Tensor tSgT = thr.partition_D(gTile);
+  Tensor tScT = thr.partition_S(make_identity_tensor(product_each(shape(sTile))));  // (row, col) of each
+  Tensor tSpT = make_tensor<bool>(make_shape(size<2>(tSgT)));
+  CUTE_UNROLL
+  for (int k = 0; k < size(tSpT); ++k) tSpT(k) = get<1>(tScT(0, 0, k)) < cols_left;
+  Tensor tSrT = make_tensor<Element>(shape(tSgT));
+  copy(gmem_copy, tSsT, tSrT);
+  store_tile(gmem_copy, tSrT, tSgT, tScT, tSpT, rows_left);
 }
 
 }  // namespace flashattn

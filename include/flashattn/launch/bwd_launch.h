@@ -4,7 +4,6 @@
 
 #include <cuda_runtime.h>
 
-#include <algorithm>
 
 #include "flashattn/kernel/bwd.h"
 #include "flashattn/launch/tile_set.h"
@@ -18,11 +17,14 @@ void launch_bwd_kernel(const BwdParams& params, cudaStream_t stream) {
   constexpr int kHeadDim = Traits::kHeadDim;
   static_assert(Traits::kBlockM <= kBwdSeqlenQRounding && kBwdSeqlenQRounding % Traits::kBlockM == 0);
   static_assert(Traits::kBlockM % kBwdSemaphoreRows == 0);
-  constexpr int kSmem = Traits::kSmemSize;
+  constexpr int kSmem = int(sizeof(BwdSharedStorage<Traits>));
+  static_assert(kSmem <= Traits::kMaxSmemBytes, "the tile needs more shared memory than the family's GPUs give a CTA");
 
   // The preprocess kernel loops over its rows: a grid of at most 2^20 CTAs.
-  const unsigned row_grid = unsigned(std::min<int64_t>(BwdRowsIndex::num_blocks(params), 1 << 20));
-  bwd_preprocess_kernel<Element, kHeadDim><<<row_grid, BwdRowsIndex::kThreads, 0, stream>>>(params);
+  // A varlen batch without queries has no rows: dK = dV = 0 come from the main
+  // kernel alone.
+  const unsigned row_grid = BwdRows::Scheduler::num_ctas(params);
+  if (row_grid > 0) bwd_preprocess_kernel<Element, kHeadDim><<<row_grid, BwdRows::kThreads, 0, stream>>>(params);
 
   const bool score_mods = params.softcap > 0.f || params.alibi_slopes != nullptr;
   if (score_mods) {
@@ -31,15 +33,13 @@ void launch_bwd_kernel(const BwdParams& params, cudaStream_t stream) {
     opt_in_smem<bwd_kernel<Traits, false>>(kSmem, params.device);
   }
   auto kernel = score_mods ? &bwd_kernel<Traits, true> : &bwd_kernel<Traits, false>;
-  const int64_t num_n_blocks = (params.seqlen_k + Traits::kBlockN - 1) / Traits::kBlockN;
-  const int64_t num_ctas = num_n_blocks * params.heads_k * params.batch;
-  kernel<<<dim3(unsigned(num_ctas)), Traits::kNThreads, kSmem, stream>>>(params);
+  kernel<<<KeyTileScheduler<Traits::kBlockN>::num_ctas(params), Traits::kNThreads, kSmem, stream>>>(params);
 
-  const int64_t num_m_blocks = (params.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM;
-  constexpr int kConvertSmem = int(size(typename Traits::SmemLayoutQdO{})) * int(sizeof(Element));
+  constexpr int kConvertSmem = int(sizeof(ConvertDqSharedStorage<Traits>));
   static_assert(kConvertSmem <= 48 * 1024);
-  bwd_convert_dq_kernel<Traits><<<dim3(unsigned(num_m_blocks * params.heads * params.batch)),
-                                  Traits::kNThreads, kConvertSmem, stream>>>(params);
+  const unsigned convert_grid = QueryTileScheduler<Traits::kBlockM>::num_ctas(params);
+  if (convert_grid > 0)
+    bwd_convert_dq_kernel<Traits><<<convert_grid, Traits::kNThreads, kConvertSmem, stream>>>(params);
 }
 
 template <typename Kernel>

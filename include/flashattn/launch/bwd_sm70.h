@@ -30,6 +30,7 @@ struct Sm70Bwd {
   static constexpr bool kBuilt = kSet == TileSet::kDefault;
   using T = Sm70BwdTile<kHeadDim>;
   using Traits = Sm70BwdTraits<Element, kHeadDim, T::kM, T::kN, T::kW, T::kSdP, T::kdKV, T::kdQ, T::kDbQ, T::kPrefetch>;
+  using SharedStorage = BwdSharedStorage<Traits>;
 };
 
 }  // namespace flashattn

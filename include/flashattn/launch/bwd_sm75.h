@@ -33,6 +33,7 @@ struct Sm75Bwd {
   static constexpr bool kBuilt = kSet == TileSet::kDefault;
   using T = Sm75BwdTile<kHeadDim>;
   using Traits = Sm75BwdTraits<Element, kHeadDim, T::kM, T::kN, T::kW, T::kSdP, T::kdKV, T::kdQ, T::kDbQ, T::kPrefetch>;
+  using SharedStorage = BwdSharedStorage<Traits>;
 };
 
 }  // namespace flashattn

@@ -43,7 +43,8 @@ struct Sm80Bwd {
   using T = std::conditional_t<kSet == TileSet::kSmem99 && Sm80BwdTileSmem99<kHeadDim>::kOwn,
                                Sm80BwdTileSmem99<kHeadDim>, Sm80BwdTile<kHeadDim>>;
   using Traits = Sm80BwdTraits<Element, kHeadDim, T::kM, T::kN, T::kW, T::kSdP, T::kdKV, T::kdQ, T::kDbQ>;
-  static_assert(kSet != TileSet::kSmem99 || !kBuilt || Traits::kSmemSize <= kSmem99Bytes);
+  using SharedStorage = BwdSharedStorage<Traits>;
+  static_assert(kSet != TileSet::kSmem99 || !kBuilt || sizeof(SharedStorage) <= kSmem99Bytes);
 };
 
 }  // namespace flashattn

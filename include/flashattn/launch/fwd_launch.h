@@ -15,7 +15,8 @@ namespace flashattn {
 
 template <typename Traits>
 void launch_fwd_kernel(const FwdParams& params, cudaStream_t stream) {
-  constexpr int kSmem = Traits::kSmemSize;
+  constexpr int kSmem = int(sizeof(FwdSharedStorage<Traits>));
+  static_assert(kSmem <= Traits::kMaxSmemBytes, "the tile needs more shared memory than the family's GPUs give a CTA");
   const bool score_mods = params.softcap > 0.f || params.alibi_slopes != nullptr;
   if (score_mods) {
     opt_in_smem<fwd_kernel<Traits, true>>(kSmem, params.device);
@@ -23,10 +24,7 @@ void launch_fwd_kernel(const FwdParams& params, cudaStream_t stream) {
     opt_in_smem<fwd_kernel<Traits, false>>(kSmem, params.device);
   }
   auto kernel = score_mods ? &fwd_kernel<Traits, true> : &fwd_kernel<Traits, false>;
-  const int64_t num_m_blocks = (params.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM;
-  // < 2^31 CTAs: checked on the host (more would need more memory than exists).
-  const int64_t num_ctas = num_m_blocks * params.heads * params.batch;
-  kernel<<<dim3(unsigned(num_ctas)), Traits::kNThreads, kSmem, stream>>>(params);
+  kernel<<<QueryTileScheduler<Traits::kBlockM>::num_ctas(params), Traits::kNThreads, kSmem, stream>>>(params);
 }
 
 template <typename Kernel>

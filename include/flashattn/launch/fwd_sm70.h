@@ -26,6 +26,7 @@ struct Sm70Fwd {
   static constexpr bool kBuilt = kSet == TileSet::kDefault;
   using Tile = Sm70FwdTile<kHeadDim>;
   using Traits = Sm70FwdTraits<Element, kHeadDim, Tile::kM, Tile::kN, Tile::kWarps>;
+  using SharedStorage = FwdSharedStorage<Traits>;
 };
 
 }  // namespace flashattn

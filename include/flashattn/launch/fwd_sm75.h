@@ -28,6 +28,7 @@ struct Sm75Fwd {
   static constexpr bool kBuilt = kSet == TileSet::kDefault;
   using Tile = Sm75FwdTile<kHeadDim>;
   using Traits = Sm75FwdTraits<Element, kHeadDim, Tile::kM, Tile::kN, Tile::kWarps, Tile::kPrefetch>;
+  using SharedStorage = FwdSharedStorage<Traits>;
 };
 
 }  // namespace flashattn

@@ -33,7 +33,8 @@ struct Sm80Fwd {
   using Tile = std::conditional_t<kSet == TileSet::kSmem99 && Sm80FwdTileSmem99<kHeadDim>::kOwn,
                                   Sm80FwdTileSmem99<kHeadDim>, Sm80FwdTile<kHeadDim>>;
   using Traits = Sm80FwdTraits<Element, kHeadDim, Tile::kM, Tile::kN, Tile::kWarps>;
-  static_assert(kSet != TileSet::kSmem99 || !kBuilt || Traits::kSmemSize <= kSmem99Bytes);
+  using SharedStorage = FwdSharedStorage<Traits>;
+  static_assert(kSet != TileSet::kSmem99 || !kBuilt || sizeof(SharedStorage) <= kSmem99Bytes);
 };
 
 }  // namespace flashattn

@@ -20,11 +20,12 @@ enum class TileSet : int { kDefault = 0, kSmem99 = 1 };
 
 constexpr int kSmem99Bytes = 99 * 1024;
 
-// Shared memory of a family's kernel for one bucket and tile set (Kernel: Traits
-// and kBuilt), for the kernel table; 0 where the set has no tile of its own.
+// Shared memory of a family's kernel for one bucket and tile set (Kernel: its
+// SharedStorage and kBuilt), for the kernel table; 0 where the set has no tile
+// of its own.
 template <typename Kernel>
 constexpr int tile_smem_bytes() {
-  return Kernel::kBuilt ? int(Kernel::Traits::kSmemSize) : 0;
+  return Kernel::kBuilt ? int(sizeof(typename Kernel::SharedStorage)) : 0;
 }
 
 // Above 48 KB a kernel must opt in to its dynamic shared memory, once per

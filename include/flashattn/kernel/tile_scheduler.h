@@ -1,0 +1,143 @@
+// Tile scheduling: which work tile a CTA computes, and the grid that covers
+// every tile. One place for it, so that another schedule (split-KV, persistent
+// CTAs) plugs in beside this one without touching the main loops.
+//
+// The grid is 1-D (no 65535 limit on heads or batch). A fixed-length batch has
+// ceil(seqlen / kBlock) tiles per (head, sequence). A varlen batch numbers the
+// tiles of all its sequences compactly (varlen_sequence_of), so that the grid
+// follows the total token count, not batch x the longest sequence: a batch of
+// short sequences beside a long one launches no CTAs for tiles that do not exist.
+#pragma once
+
+#include <cstdint>
+
+#include "flashattn/params.h"
+
+namespace flashattn {
+
+// Varlen tile numbering, per head: sequence b's tiles start at slot
+// cu[b] / kBlock + b. The starts increase with b and leave room for all of b's
+// tiles (with cu[b] = a * kBlock + r: ceil(s_b / kBlock) <= floor((r + s_b) /
+// kBlock) + 1), so total / kBlock + batch slots hold every tile, at most `batch`
+// of them spare. Returns the sequence whose slots hold `slot`: the last b with
+// start(b) <= slot, found by each warp on its own, 32 probes per round (a batch
+// of up to 1024 sequences takes two rounds of cached loads); -1 if cu[0] > 0.
+template <int kBlock>
+__device__ __forceinline__ int varlen_sequence_of(const int* cu, int batch, int slot) {
+  const int lane = threadIdx.x % 32;
+  int lo = 0, n = batch;  // the answer is in [lo, lo + n)
+  while (n > 1) {
+    const int step = (n + 31) / 32;
+    const int probe = lo + lane * step;
+    const bool at_or_before = lane * step < n && __ldg(cu + probe) / kBlock + probe <= slot;
+    const unsigned ballot = __ballot_sync(0xffffffffu, at_or_before);
+    if (ballot == 0) return -1;
+    const int last = 31 - __clz(ballot);
+    lo += last * step;
+    n = min(step, n - last * step);
+  }
+  return cu[lo] / kBlock + lo <= slot ? lo : -1;
+}
+
+template <int kBlock>
+__host__ __device__ inline int varlen_num_slots(int total, int batch) {
+  return total / kBlock + batch;
+}
+
+// A block index past every sequence's end: the CTA of a spare varlen slot gets
+// it and returns at its first length check (block * kBlock >= seqlen).
+template <int kBlock>
+constexpr int kSpareBlock = (1 << 30) / kBlock;
+
+struct VarlenTile {
+  int batch, block;
+};
+
+// The (sequence, block) of a varlen slot: the block in launch order, reversed
+// within the sequence when `reverse`; kSpareBlock for a spare slot.
+template <int kBlock>
+__device__ __forceinline__ VarlenTile varlen_tile(const int* cu, int batch_count, int slot, bool reverse) {
+  VarlenTile t{varlen_sequence_of<kBlock>(cu, batch_count, slot), kSpareBlock<kBlock>};
+  if (t.batch >= 0) {
+    const int block = slot - (cu[t.batch] / kBlock + t.batch);
+    const int num_blocks = (cu[t.batch + 1] - cu[t.batch] + kBlock - 1) / kBlock;
+    if (block < num_blocks) t.block = reverse ? num_blocks - 1 - block : block;
+  }
+  t.batch = max(t.batch, 0);
+  return t;
+}
+
+// Forward (and the backward's row kernels): (query block, head, sequence).
+// Fixed-length: query block fastest, then head, then sequence. Varlen: the
+// compact slots of one head, then the next head. Under a causal or window mask
+// the last query blocks of a sequence see the most keys: they start first, so
+// that the longest CTAs do not run last.
+template <int kBlockM>
+struct QueryTileScheduler {
+  int m_block, head, batch;
+
+  __host__ __device__ static int num_m_blocks(int seqlen) { return (seqlen + kBlockM - 1) / kBlockM; }
+  // < 2^31 CTAs: checked on the host (more would need more memory than exists).
+  static unsigned num_ctas(const FwdParams& p) {
+    const int64_t per_head = p.cu_seqlens_q == nullptr ? int64_t(num_m_blocks(p.seqlen_q)) * p.batch
+                                                       : varlen_num_slots<kBlockM>(p.total_q, p.batch);
+    return unsigned(per_head * p.heads);
+  }
+
+  __device__ explicit QueryTileScheduler(const FwdParams& p) {
+    const bool reverse = p.window_right >= 0;
+    const int64_t bid = blockIdx.x;
+    if (p.cu_seqlens_q == nullptr) {
+      const int num_m = num_m_blocks(p.seqlen_q);
+      const int m = int(bid % num_m);
+      const int64_t bh = bid / num_m;
+      m_block = reverse ? num_m - 1 - m : m;
+      head = int(bh % p.heads);
+      batch = int(bh / p.heads);
+    } else {
+      const int slots = varlen_num_slots<kBlockM>(p.total_q, p.batch);
+      head = int(bid / slots);
+      const VarlenTile t = varlen_tile<kBlockM>(p.cu_seqlens_q, p.batch, int(bid % slots), reverse);
+      batch = t.batch;
+      m_block = t.block;
+    }
+  }
+};
+
+// Backward: (key block, kv head, sequence). Key block fastest, so that CTAs
+// running together share Q and dO in L2. Fixed-length under a causal mask the
+// first key blocks are seen by the most queries: there every (kv head,
+// sequence)'s block 0 starts first, then block 1, ... Varlen: compact slots per kv
+// head, key blocks in order. Either way a smaller key block of the same (head,
+// sequence) has a smaller index: in deterministic mode a CTA waits only for those.
+template <int kBlockN>
+struct KeyTileScheduler {
+  int n_block, head_k, batch;
+
+  __host__ __device__ static int num_n_blocks(int seqlen) { return (seqlen + kBlockN - 1) / kBlockN; }
+  static unsigned num_ctas(const FwdParams& p) {
+    const int64_t per_head = p.cu_seqlens_k == nullptr ? int64_t(num_n_blocks(p.seqlen_k)) * p.batch
+                                                       : varlen_num_slots<kBlockN>(p.total_k, p.batch);
+    return unsigned(per_head * p.heads_k);
+  }
+
+  __device__ explicit KeyTileScheduler(const FwdParams& p) {
+    if (p.cu_seqlens_k == nullptr) {
+      const int num_n = num_n_blocks(p.seqlen_k);
+      const int64_t num_bhk = int64_t(p.heads_k) * p.batch;
+      const bool heavy_first = p.window_right >= 0;
+      n_block = int(heavy_first ? blockIdx.x / num_bhk : blockIdx.x % num_n);
+      const int64_t bhk = heavy_first ? blockIdx.x % num_bhk : blockIdx.x / num_n;
+      head_k = int(bhk % p.heads_k);
+      batch = int(bhk / p.heads_k);
+    } else {
+      const int slots = varlen_num_slots<kBlockN>(p.total_k, p.batch);
+      head_k = int(blockIdx.x / slots);
+      const VarlenTile t = varlen_tile<kBlockN>(p.cu_seqlens_k, p.batch, int(blockIdx.x % slots), false);
+      batch = t.batch;
+      n_block = t.block;
+    }
+  }
+};
+
+}  // namespace flashattn
