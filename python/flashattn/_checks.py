@@ -26,8 +26,12 @@ class FlashAttnError(RuntimeError):
     """An input or environment flashattn cannot run; the message says how to fix it."""
 
 
-def _fail(msg: str) -> None:
+def fail(msg: str) -> None:
+    """Raise a FlashAttnError with the library's prefix."""
     raise FlashAttnError(f"flashattn: {msg}")
+
+
+_fail = fail
 
 
 def _shape(t: torch.Tensor) -> str:
@@ -128,7 +132,7 @@ def check_fwd(
     if out is not None:
         _check_like("out", out, "q", q)
     if alibi_slopes is not None:
-        _check_alibi(alibi_slopes, q)
+        _check_alibi(alibi_slopes, q.shape[0], q.shape[2], q.device)
     if rng_state is not None or dropout_p:
         _check_rng_state(rng_state, q, dropout_p)
     _check_scalars(dropout_p, window_left, window_right, softcap)
@@ -195,6 +199,10 @@ def _check_qkv(q, k, v, public: bool) -> None:
         _fail(
             f"{h} query heads are not a multiple of {h_k} key/value heads (GQA needs h % h_k == 0)"
         )
+    _check_head_dim(d, public)
+
+
+def _check_head_dim(d: int, public: bool) -> None:
     if d > MAX_HEAD_DIM:
         _fail(
             f"head dim {d} is over the maximum of {MAX_HEAD_DIM}"
@@ -203,8 +211,128 @@ def _check_qkv(q, k, v, public: bool) -> None:
     if not public and d % HEAD_DIM_MULTIPLE != 0:
         _fail(
             f"head dim {d} is not a multiple of {HEAD_DIM_MULTIPLE} — pad q, k and v with"
-            " zeros (flash_attn_func does this for you)"
+            " zeros (the public functions do this for you)"
         )
+
+
+def check_varlen(
+    q,
+    k,
+    v,
+    cu_seqlens_q,
+    cu_seqlens_k,
+    max_seqlen_q,
+    max_seqlen_k,
+    *,
+    out=None,
+    alibi_slopes=None,
+    rng_state=None,
+    dropout_p: float = 0.0,
+    window_left: int = -1,
+    window_right: int = -1,
+    softcap: float = 0.0,
+    family: int = 0,
+    public: bool = False,
+) -> None:
+    """Check varlen forward inputs: q (total_q, h, d), k/v (total_k, h_k, d), cu_seqlens
+    int32 (b + 1,) on q's device. Metadata only: the offsets themselves are not read
+    (on a GPU that would wait for it), only what the shapes allow — see docs/ops.md."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        _check_tensor(name, t)
+        if t.dim() != 3:
+            _fail(
+                f"{name} must be 3-D (total_tokens, heads, head_dim), got shape {_shape(t)}"
+                " — flash_attn_varlen_func takes the sequences packed along dim 0"
+            )
+        if t.shape[1] == 0 or t.shape[2] == 0:
+            _fail(f"{name} has an empty heads or head_dim dim, shape {_shape(t)}")
+        if not public:
+            _check_last_dim_contiguous(name, t)
+    _check_dtype("q", q)
+    for name, t in (("k", k), ("v", v)):
+        _check_same(name, t, "q", q)
+    if k.shape != v.shape:
+        _fail(f"k and v must have one shape, got k {_shape(k)} and v {_shape(v)}")
+    _, h, d = q.shape
+    if k.shape[2] != d:
+        _fail(f"q has head dim {d} but k/v have head dim {k.shape[2]} — q, k and v need one head dim")
+    if h % k.shape[1] != 0:
+        _fail(f"{h} query heads are not a multiple of {k.shape[1]} key/value heads (GQA needs h % h_k == 0)")
+    _check_head_dim(d, public)
+    batch = None
+    for name, cu in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
+        _check_tensor(name, cu)
+        if cu.dtype != torch.int32:
+            _fail(
+                f"{name} has dtype {cu.dtype}; it must be torch.int32 — e.g."
+                " F.pad(seqlens.cumsum(0, dtype=torch.int32), (1, 0))"
+            )
+        if cu.device != q.device:
+            _fail(f"q is on {q.device} but {name} is on {cu.device} — put all inputs on one device")
+        if cu.dim() != 1 or cu.shape[0] < 2:
+            _fail(f"{name} must be 1-D (batch + 1,) with batch >= 1, got shape {_shape(cu)}")
+        if cu.stride(0) != 1:
+            _fail(f"{name} must be contiguous — call {name}.contiguous()")
+        if batch is not None and cu.shape[0] != batch + 1:
+            _fail(
+                f"cu_seqlens_q has {batch + 1} entries but cu_seqlens_k has {cu.shape[0]}"
+                " — both are (batch + 1,)"
+            )
+        batch = cu.shape[0] - 1
+    for name, m, total in (("max_seqlen_q", max_seqlen_q, q.shape[0]), ("max_seqlen_k", max_seqlen_k, k.shape[0])):
+        if not is_int(m) or m < 0:
+            _fail(f"{name} must be an int >= 0 (the longest sequence's length), got {m!r}")
+        if total > batch * m:
+            _fail(
+                f"{name} = {m} is smaller than the longest sequence: {batch} sequences hold"
+                f" {total} tokens — pass the longest sequence's length (e.g. int(seqlens.max()))"
+            )
+    if out is not None:
+        _check_like("out", out, "q", q)
+    if alibi_slopes is not None:
+        _check_alibi(alibi_slopes, batch, h, q.device)
+    if rng_state is not None or dropout_p:
+        _check_rng_state(rng_state, q, dropout_p)
+    _check_scalars(dropout_p, window_left, window_right, softcap)
+    if family:
+        _check_family(family, q)
+
+
+def check_varlen_bwd(
+    dout,
+    q,
+    k,
+    v,
+    out,
+    softmax_lse,
+    cu_seqlens_q,
+    cu_seqlens_k,
+    max_seqlen_q,
+    max_seqlen_k,
+    *,
+    dq=None,
+    dk=None,
+    dv=None,
+    **options,
+) -> None:
+    """Varlen backward inputs: the forward's, plus dout/out, softmax_lse (h, total_q)."""
+    check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, out=out, **options)
+    _check_like("dout", dout, "q", q)
+    _check_tensor("softmax_lse", softmax_lse)
+    total_q, h, _ = q.shape
+    if softmax_lse.dtype != torch.float32 or softmax_lse.device != q.device:
+        _fail(
+            f"softmax_lse must be torch.float32 on {q.device}, got {softmax_lse.dtype} on"
+            f" {softmax_lse.device} — pass the softmax_lse the forward returned"
+        )
+    if tuple(softmax_lse.shape) != (h, total_q):
+        _fail(
+            f"softmax_lse must have shape (heads, total_q) = ({h}, {total_q}), got"
+            f" {_shape(softmax_lse)} — pass the softmax_lse the varlen forward returned"
+        )
+    for name, t, ref_name, ref in (("dq", dq, "q", q), ("dk", dk, "k", k), ("dv", dv, "v", v)):
+        if t is not None:
+            _check_like(name, t, ref_name, ref)
 
 
 def check_packed(name: str, t, count: int, layout: str) -> None:
@@ -212,6 +340,13 @@ def check_packed(name: str, t, count: int, layout: str) -> None:
     _check_tensor(name, t)
     if t.dim() != 5 or t.shape[2] != count:
         _fail(f"{name} must be 5-D {layout}, got shape {_shape(t)}")
+
+
+def check_packed_varlen(name: str, t, count: int, layout: str) -> None:
+    """A packed varlen input: rank 4 with ``count`` tensors stacked in dim 1."""
+    _check_tensor(name, t)
+    if t.dim() != 4 or t.shape[1] != count:
+        _fail(f"{name} must be 4-D {layout}, got shape {_shape(t)}")
 
 
 def check_window_size(window_size) -> tuple:
@@ -279,9 +414,8 @@ def check_bwd(
             _check_like(name, t, ref_name, ref)
 
 
-def _check_alibi(alibi_slopes, q: torch.Tensor) -> None:
+def _check_alibi(alibi_slopes, b: int, h: int, device: torch.device) -> None:
     _check_tensor("alibi_slopes", alibi_slopes)
-    b, _, h, _ = q.shape
     if alibi_slopes.dtype != torch.float32:
         _fail(
             f"alibi_slopes has dtype {alibi_slopes.dtype}; it must be"
@@ -292,9 +426,9 @@ def _check_alibi(alibi_slopes, q: torch.Tensor) -> None:
             f"alibi_slopes must have shape (heads,) = ({h},) or (batch, heads) = ({b}, {h}),"
             f" got {_shape(alibi_slopes)} — one slope per query head"
         )
-    if alibi_slopes.device != q.device:
+    if alibi_slopes.device != device:
         _fail(
-            f"q is on {q.device} but alibi_slopes is on {alibi_slopes.device}"
+            f"q is on {device} but alibi_slopes is on {alibi_slopes.device}"
             " — put all inputs on one device"
         )
     _check_last_dim_contiguous("alibi_slopes", alibi_slopes)

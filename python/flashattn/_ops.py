@@ -15,7 +15,7 @@ from typing import NamedTuple
 import torch
 
 from . import reference
-from ._checks import aligned_for_kernels, check_bwd, check_fwd
+from ._checks import aligned_for_kernels, check_bwd, check_fwd, check_varlen, check_varlen_bwd
 
 # Verbatim from docs/ops.md.
 SCHEMAS = (
@@ -37,6 +37,33 @@ SCHEMAS = (
     ),
     (
         "bwd_out(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor softmax_lse, "
+        "Tensor(a!) dq, Tensor(b!) dk, Tensor(c!) dv, Tensor? alibi_slopes, "
+        "Tensor? rng_state, float dropout_p, float softmax_scale, bool causal, "
+        "int window_left, int window_right, float softcap, bool deterministic, "
+        "int family) -> ()"
+    ),
+    (
+        "varlen_fwd(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, "
+        "int max_seqlen_q, int max_seqlen_k, Tensor? alibi_slopes, Tensor? rng_state, "
+        "float dropout_p, float softmax_scale, bool causal, int window_left, "
+        "int window_right, float softcap, int family) -> (Tensor out, Tensor softmax_lse)"
+    ),
+    (
+        "varlen_fwd_out(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, "
+        "int max_seqlen_q, int max_seqlen_k, Tensor(a!) out, Tensor? alibi_slopes, "
+        "Tensor? rng_state, float dropout_p, float softmax_scale, bool causal, "
+        "int window_left, int window_right, float softcap, int family) -> Tensor softmax_lse"
+    ),
+    (
+        "varlen_bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor softmax_lse, "
+        "Tensor cu_seqlens_q, Tensor cu_seqlens_k, int max_seqlen_q, int max_seqlen_k, "
+        "Tensor? alibi_slopes, Tensor? rng_state, float dropout_p, float softmax_scale, "
+        "bool causal, int window_left, int window_right, float softcap, "
+        "bool deterministic, int family) -> (Tensor dq, Tensor dk, Tensor dv)"
+    ),
+    (
+        "varlen_bwd_out(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor softmax_lse, "
+        "Tensor cu_seqlens_q, Tensor cu_seqlens_k, int max_seqlen_q, int max_seqlen_k, "
         "Tensor(a!) dq, Tensor(b!) dk, Tensor(c!) dv, Tensor? alibi_slopes, "
         "Tensor? rng_state, float dropout_p, float softmax_scale, bool causal, "
         "int window_left, int window_right, float softcap, bool deterministic, "
@@ -151,6 +178,40 @@ def _bwd_out_fake(dout, q, k, v, out, softmax_lse, dq, dk, dv, *args):
     check_bwd(dout, q, k, v, out, softmax_lse, dq=dq, dk=dk, dv=dv, **opts.check_kwargs(family))
 
 
+def _new_varlen_lse(q: torch.Tensor) -> torch.Tensor:
+    total_q, h, _ = q.shape
+    return q.new_empty((h, total_q), dtype=torch.float32)
+
+
+@torch.library.register_fake("flashattn::varlen_fwd")
+def _varlen_fwd_fake(q, k, v, cu_q, cu_k, max_q, max_k, *args):
+    opts, family = _Options.split(args)
+    check_varlen(q, k, v, cu_q, cu_k, max_q, max_k, **opts.check_kwargs(family))
+    return q.new_empty(q.shape), _new_varlen_lse(q)
+
+
+@torch.library.register_fake("flashattn::varlen_fwd_out")
+def _varlen_fwd_out_fake(q, k, v, cu_q, cu_k, max_q, max_k, out, *args):
+    opts, family = _Options.split(args)
+    check_varlen(q, k, v, cu_q, cu_k, max_q, max_k, out=out, **opts.check_kwargs(family))
+    return _new_varlen_lse(q)
+
+
+@torch.library.register_fake("flashattn::varlen_bwd")
+def _varlen_bwd_fake(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, *args):
+    opts, family = _Options.split(args)
+    check_varlen_bwd(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, **opts.check_kwargs(family))
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+
+@torch.library.register_fake("flashattn::varlen_bwd_out")
+def _varlen_bwd_out_fake(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, dq, dk, dv, *args):
+    opts, family = _Options.split(args)
+    check_varlen_bwd(
+        dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, dq=dq, dk=dk, dv=dv, **opts.check_kwargs(family)
+    )
+
+
 # ---- CPU kernels: the pure-PyTorch reference, in fp32 (fp64 for fp64 inputs)
 
 
@@ -195,6 +256,49 @@ def _bwd_out_cpu(dout, q, k, v, out, softmax_lse, dq, dk, dv, *args):
         dst.copy_(src)
 
 
+def _reference_varlen_fwd(q, k, v, cu_q, cu_k, opts: _Options):
+    out, lse = reference.varlen_attention(q, k, v, cu_q, cu_k, **opts.reference_kwargs())
+    return out.contiguous(), lse.to(torch.float32).contiguous()
+
+
+def _reference_varlen_bwd(dout, q, k, v, out, lse, cu_q, cu_k, opts: _Options):
+    grads = reference.varlen_attention_bwd(dout, q, k, v, out, lse, cu_q, cu_k, **opts.reference_kwargs())
+    return tuple(g.contiguous() for g in grads)
+
+
+@torch.library.register_kernel("flashattn::varlen_fwd", "cpu")
+def _varlen_fwd_cpu(q, k, v, cu_q, cu_k, max_q, max_k, *args):
+    opts, family = _Options.split(args)
+    check_varlen(q, k, v, cu_q, cu_k, max_q, max_k, **opts.check_kwargs(family))
+    return _reference_varlen_fwd(q, k, v, cu_q, cu_k, opts)
+
+
+@torch.library.register_kernel("flashattn::varlen_fwd_out", "cpu")
+def _varlen_fwd_out_cpu(q, k, v, cu_q, cu_k, max_q, max_k, out, *args):
+    opts, family = _Options.split(args)
+    check_varlen(q, k, v, cu_q, cu_k, max_q, max_k, out=out, **opts.check_kwargs(family))
+    result, lse = _reference_varlen_fwd(q, k, v, cu_q, cu_k, opts)
+    out.copy_(result)
+    return lse
+
+
+@torch.library.register_kernel("flashattn::varlen_bwd", "cpu")
+def _varlen_bwd_cpu(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, *args):
+    opts, family = _Options.split(args)
+    check_varlen_bwd(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, **opts.check_kwargs(family))
+    return _reference_varlen_bwd(dout, q, k, v, out, lse, cu_q, cu_k, opts)
+
+
+@torch.library.register_kernel("flashattn::varlen_bwd_out", "cpu")
+def _varlen_bwd_out_cpu(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, dq, dk, dv, *args):
+    opts, family = _Options.split(args)
+    check_varlen_bwd(
+        dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, dq=dq, dk=dk, dv=dv, **opts.check_kwargs(family)
+    )
+    for dst, src in zip((dq, dk, dv), _reference_varlen_bwd(dout, q, k, v, out, lse, cu_q, cu_k, opts)):
+        dst.copy_(src)
+
+
 # ---- autograd
 
 
@@ -233,3 +337,39 @@ def _fwd_backward(ctx, dout, _dlse):
 
 
 torch.library.register_autograd("flashattn::fwd", _fwd_backward, setup_context=_fwd_setup_context)
+
+
+def varlen_attention_backward(dout, saved, args, deterministic: bool):
+    """Gradients (dq, dk, dv) through ``flashattn.varlen_bwd``.
+
+    saved: (q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes,
+    rng_state); args: (max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale, causal,
+    window_left, window_right, softcap, family).
+    """
+    if dout.stride(-1) != 1:
+        dout = dout.contiguous()
+    q, k, v, out, lse, cu_q, cu_k, alibi_slopes, rng_state = saved
+    if q.device.type == "cuda":
+        dout = aligned_for_kernels(dout)
+    max_q, max_k, *scalars, family = args
+    return torch.ops.flashattn.varlen_bwd.default(
+        dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, alibi_slopes, rng_state, *scalars, deterministic, family
+    )
+
+
+def _varlen_fwd_setup_context(ctx, inputs, output):
+    q, k, v, cu_q, cu_k, max_q, max_k, alibi_slopes, rng_state, *args = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k, alibi_slopes, rng_state)
+    ctx.args = (max_q, max_k, *args)
+    ctx.mark_non_differentiable(lse)
+
+
+def _varlen_fwd_backward(ctx, dout, _dlse):
+    dq, dk, dv = varlen_attention_backward(dout, ctx.saved_tensors, ctx.args, deterministic=False)
+    return (dq, dk, dv) + (None,) * 13
+
+
+torch.library.register_autograd(
+    "flashattn::varlen_fwd", _varlen_fwd_backward, setup_context=_varlen_fwd_setup_context
+)

@@ -13,14 +13,25 @@ from ._checks import (
     aligned_for_kernels,
     check_fwd,
     check_packed,
+    check_packed_varlen,
+    check_varlen,
     check_window_size,
+    fail,
     is_real,
 )
 
-__all__ = ["flash_attn_func", "flash_attn_kvpacked_func", "flash_attn_qkvpacked_func"]
+__all__ = [
+    "flash_attn_func",
+    "flash_attn_kvpacked_func",
+    "flash_attn_qkvpacked_func",
+    "flash_attn_varlen_func",
+    "flash_attn_varlen_kvpacked_func",
+    "flash_attn_varlen_qkvpacked_func",
+]
 
 
 _fwd_op = torch.ops.flashattn.fwd.default
+_varlen_fwd_op = torch.ops.flashattn.varlen_fwd.default
 _below_autograd = torch._C._AutoDispatchBelowAutograd
 
 
@@ -129,10 +140,7 @@ def _attention(
     family,
 ):
     window_left, window_right = check_window_size(window_size)
-    # The op wants [seed, offset]; drawn with torch ops so that torch.compile traces it.
-    rng_state = None
-    if dropout_p and is_real(dropout_p) and dropout_p > 0:
-        rng_state = torch.randint(0, 2**62, (2,), dtype=torch.int64)
+    rng_state = _draw_rng_state(dropout_p)
     check_fwd(
         q,
         k,
@@ -148,23 +156,7 @@ def _attention(
     head_dim = q.shape[-1]
     if softmax_scale is None:
         softmax_scale = 1.0 / math.sqrt(head_dim)
-    # The kernels take head dims that are multiples of 8: zero-pad (zeros add nothing
-    # to q.k and produce output columns we slice off; autograd undoes both).
-    pad = -head_dim % HEAD_DIM_MULTIPLE
-    if q.is_cuda:
-        family, head_dims = _dispatch.cuda_family_and_head_dims(q.device, q.dtype, family)
-        if head_dims:
-            _dispatch.head_dim_bucket(head_dim + pad, head_dims)
-    else:
-        if family is not None:
-            _dispatch.parse_family(family)  # only validated: the CPU path has one implementation
-        family = 0
-    if pad:
-        q, k, v = (F.pad(t, (0, pad)) for t in (q, k, v))
-    elif family:
-        q, k, v = aligned_for_kernels(q), aligned_for_kernels(k), aligned_for_kernels(v)
-    else:  # the CPU reference takes any strides but a non-contiguous last dim
-        q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
+    q, k, v, family, pad = _kernel_inputs(q, k, v, family)
     args = (
         q,
         k,
@@ -189,6 +181,38 @@ def _attention(
     if pad:
         out = out[..., :head_dim]
     return (out, lse, None) if return_attn_probs else out
+
+
+def _kernel_inputs(q, k, v, family):
+    """(q, k, v, family, pad): the family to run (0 on the CPU) and q, k, v as the
+    kernels take them. Head dims that are not multiples of 8 are zero-padded (zeros
+    add nothing to q.k and give output columns that are sliced off; autograd undoes
+    both); misaligned views and a non-contiguous last dim are copied."""
+    head_dim = q.shape[-1]
+    pad = -head_dim % HEAD_DIM_MULTIPLE
+    if q.is_cuda:
+        family, head_dims = _dispatch.cuda_family_and_head_dims(q.device, q.dtype, family)
+        if head_dims:
+            _dispatch.head_dim_bucket(head_dim + pad, head_dims)
+    else:
+        if family is not None:
+            _dispatch.parse_family(family)  # only validated: the CPU path has one implementation
+        family = 0
+    if pad:
+        q, k, v = (F.pad(t, (0, pad)) for t in (q, k, v))
+    elif family:
+        q, k, v = aligned_for_kernels(q), aligned_for_kernels(k), aligned_for_kernels(v)
+    else:  # the CPU reference takes any strides but a non-contiguous last dim
+        q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
+    return q, k, v, family, pad
+
+
+def _draw_rng_state(dropout_p):
+    """[seed, offset] for the op when dropout is on; drawn with torch ops so that
+    torch.compile traces it."""
+    if dropout_p and is_real(dropout_p) and dropout_p > 0:
+        return torch.randint(0, 2**62, (2,), dtype=torch.int64)
+    return None
 
 
 def flash_attn_func(
@@ -298,4 +322,250 @@ def flash_attn_kvpacked_func(
         deterministic,
         return_attn_probs,
         family,
+    )
+
+
+# ---- varlen: sequences packed along dim 0, delimited by cu_seqlens
+
+
+def _varlen_backward(ctx, dout, _dlse):
+    dq, dk, dv = _ops.varlen_attention_backward(dout, ctx.saved_tensors, ctx.args, ctx.deterministic)
+    return (dq, dk, dv) + (None,) * 14
+
+
+class _FlashAttnVarlenFunction(torch.autograd.Function):
+    """``flashattn.varlen_fwd`` forward, ``flashattn.varlen_bwd`` backward, with
+    ``deterministic`` (as _FlashAttnFunction, which says why)."""
+
+    @staticmethod
+    def forward(
+        q,
+        k,
+        v,
+        cu_seqlens_q,
+        cu_seqlens_k,
+        max_seqlen_q,
+        max_seqlen_k,
+        alibi_slopes,
+        rng_state,
+        dropout_p,
+        softmax_scale,
+        causal,
+        window_left,
+        window_right,
+        softcap,
+        deterministic,
+        family,
+    ):
+        del deterministic  # used by the backward only (setup_context keeps it)
+        return _varlen_fwd_op(
+            q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, alibi_slopes, rng_state,
+            dropout_p, softmax_scale, causal, window_left, window_right, softcap, family,
+        )
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        q, k, v, cu_q, cu_k, max_q, max_k, alibi_slopes, rng_state, *scalars, deterministic, family = inputs
+        out, lse = output
+        ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k, alibi_slopes, rng_state)
+        ctx.args = (max_q, max_k, *scalars, family)
+        ctx.deterministic = deterministic
+        ctx.mark_non_differentiable(lse)
+
+    backward = staticmethod(_varlen_backward)
+
+
+class _FlashAttnVarlenFunctionEager(torch.autograd.Function):
+    """The same Function for plain eager calls (as _FlashAttnFunctionEager)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, cu_q, cu_k, max_q, max_k, alibi_slopes, rng_state, *scalars):
+        *options, deterministic, family = scalars
+        with _below_autograd():
+            out, lse = _varlen_fwd_op(q, k, v, cu_q, cu_k, max_q, max_k, alibi_slopes, rng_state, *options, family)
+        ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k, alibi_slopes, rng_state)
+        ctx.args = (max_q, max_k, *options, family)
+        ctx.deterministic = deterministic
+        ctx.mark_non_differentiable(lse)
+        return out, lse
+
+    backward = staticmethod(_varlen_backward)
+
+
+_apply_varlen_eager = torch._C._FunctionBase.__dict__["apply"].__get__(None, _FlashAttnVarlenFunctionEager)
+
+
+def _as_int(x):
+    """max_seqlen may come as a 0-dim tensor (transformers passes one); the op takes an int."""
+    return int(x) if isinstance(x, torch.Tensor) else x
+
+
+def _varlen_attention(
+    q,
+    k,
+    v,
+    cu_seqlens_q,
+    cu_seqlens_k,
+    max_seqlen_q,
+    max_seqlen_k,
+    dropout_p,
+    softmax_scale,
+    causal,
+    window_size,
+    softcap,
+    alibi_slopes,
+    deterministic,
+    return_attn_probs,
+    block_table,
+    family,
+):
+    if block_table is not None:
+        fail(
+            "block_table (a paged KV cache) has no kernel yet — pass k/v as (total_k, heads_k,"
+            " head_dim) tensors and block_table=None"
+        )
+    window_left, window_right = check_window_size(window_size)
+    max_seqlen_q, max_seqlen_k = _as_int(max_seqlen_q), _as_int(max_seqlen_k)
+    rng_state = _draw_rng_state(dropout_p)
+    check_varlen(
+        q,
+        k,
+        v,
+        cu_seqlens_q,
+        cu_seqlens_k,
+        max_seqlen_q,
+        max_seqlen_k,
+        alibi_slopes=alibi_slopes,
+        rng_state=rng_state,
+        dropout_p=dropout_p,
+        window_left=window_left,
+        window_right=window_right,
+        softcap=softcap,
+        public=True,
+    )
+    head_dim = q.shape[-1]
+    if softmax_scale is None:
+        softmax_scale = 1.0 / math.sqrt(head_dim)
+    q, k, v, family, pad = _kernel_inputs(q, k, v, family)
+    args = (
+        q,
+        k,
+        v,
+        cu_seqlens_q,
+        cu_seqlens_k,
+        max_seqlen_q,
+        max_seqlen_k,
+        alibi_slopes,
+        rng_state,
+        float(dropout_p),
+        float(softmax_scale),
+        bool(causal),
+        window_left,
+        window_right,
+        float(softcap),
+    )
+    if not _eager():
+        out, lse = _FlashAttnVarlenFunction.apply(*args, bool(deterministic), family)
+    elif torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        out, lse = _apply_varlen_eager(*args, bool(deterministic), family)
+    else:
+        with _below_autograd():
+            out, lse = _varlen_fwd_op(*args, family)
+    if pad:
+        out = out[..., :head_dim]
+    return (out, lse, None) if return_attn_probs else out
+
+
+def flash_attn_varlen_func(
+    q,
+    k,
+    v,
+    cu_seqlens_q,
+    cu_seqlens_k,
+    max_seqlen_q,
+    max_seqlen_k,
+    dropout_p=0.0,
+    softmax_scale=None,
+    causal=False,
+    window_size=(-1, -1),
+    softcap=0.0,
+    alibi_slopes=None,
+    deterministic=False,
+    return_attn_probs=False,
+    block_table=None,
+    *,
+    family=None,
+):
+    """Exact attention over a batch of sequences of different lengths, packed along
+    dim 0, as ``flash_attn.flash_attn_varlen_func``.
+
+    q (total_q, h, d), k/v (total_k, h_k, d); sequence i is rows
+    [cu_seqlens_q[i], cu_seqlens_q[i + 1]) of q and [cu_seqlens_k[i], cu_seqlens_k[i + 1])
+    of k/v (int32 (b + 1,) tensors on q's device, starting at 0); max_seqlen_q/k are
+    the longest sequences' lengths (ints, or 0-dim tensors). Every option is that of
+    ``flash_attn_func``, per sequence: causal and window masks align to each
+    sequence's own bottom-right, alibi_slopes is (h) or (b, h). Sequences may be
+    empty. The offsets are not read on the host (that would wait for the GPU):
+    docs/ops.md says what is checked.
+
+    Returns out (total_q, h, d), or with return_attn_probs (out, softmax_lse
+    (h, total_q) fp32, None) — flash_attn 2.x's varlen lse layout.
+    """
+    return _varlen_attention(
+        q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
+        softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
+        return_attn_probs, block_table, family,
+    )
+
+
+def flash_attn_varlen_qkvpacked_func(
+    qkv,
+    cu_seqlens,
+    max_seqlen,
+    dropout_p=0.0,
+    softmax_scale=None,
+    causal=False,
+    window_size=(-1, -1),
+    softcap=0.0,
+    alibi_slopes=None,
+    deterministic=False,
+    return_attn_probs=False,
+    *,
+    family=None,
+):
+    """flash_attn_varlen_func on qkv (total, 3, h, d) (views, no copies); one
+    cu_seqlens and max_seqlen for queries and keys."""
+    check_packed_varlen("qkv", qkv, 3, "(total, 3, heads, head_dim)")
+    q, k, v = qkv.unbind(1)
+    return _varlen_attention(
+        q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, dropout_p, softmax_scale,
+        causal, window_size, softcap, alibi_slopes, deterministic, return_attn_probs, None, family,
+    )
+
+
+def flash_attn_varlen_kvpacked_func(
+    q,
+    kv,
+    cu_seqlens_q,
+    cu_seqlens_k,
+    max_seqlen_q,
+    max_seqlen_k,
+    dropout_p=0.0,
+    softmax_scale=None,
+    causal=False,
+    window_size=(-1, -1),
+    softcap=0.0,
+    alibi_slopes=None,
+    deterministic=False,
+    return_attn_probs=False,
+    *,
+    family=None,
+):
+    """flash_attn_varlen_func on q (total_q, h, d) and kv (total_k, 2, h_k, d) (views)."""
+    check_packed_varlen("kv", kv, 2, "(total_k, 2, heads_k, head_dim)")
+    k, v = kv.unbind(1)
+    return _varlen_attention(
+        q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
+        softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
+        return_attn_probs, None, family,
     )

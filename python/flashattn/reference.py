@@ -5,7 +5,9 @@ the GPU tests. It materialises the (b, h, s_q, s_k) score matrix, so it is for
 checking, not for speed.
 
 Shapes: q (b, s_q, h, d), k/v (b, s_k, h_k, d) with h % h_k == 0, any d.
-Query head i reads key/value head i // (h // h_k).
+Query head i reads key/value head i // (h // h_k). Varlen: q (total_q, h, d), k/v
+(total_k, h_k, d), sequence i at rows [cu_seqlens[i], cu_seqlens[i + 1]); each
+sequence is its own batch of one (masks aligned to its own bottom-right).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import math
 
 import torch
 
-__all__ = ["attention", "attention_bwd", "visible_mask"]
+__all__ = ["attention", "attention_bwd", "varlen_attention", "varlen_attention_bwd", "visible_mask"]
 
 
 def visible_mask(
@@ -190,3 +192,90 @@ def attention_bwd(
     dk = scale * torch.einsum("bhqk,bqhd->bkhd", dscores, qc)
     h_k = k.shape[2]
     return dq.to(q.dtype), _reduce_kv(dk, h_k).to(k.dtype), _reduce_kv(dv, h_k).to(v.dtype)
+
+
+def _sequences(cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor):
+    """(i, q rows, k rows) of every sequence of a varlen batch (reads the offsets)."""
+    cu_q, cu_k = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
+    for i in range(len(cu_q) - 1):
+        yield i, slice(cu_q[i], cu_q[i + 1]), slice(cu_k[i], cu_k[i + 1])
+
+
+def _sequence_options(i: int, alibi_slopes, rng_state):
+    """Sequence i's ALiBi slopes ((h) or row i of (b, h)) and dropout state (offset + i)."""
+    slopes = alibi_slopes
+    if slopes is not None and slopes.dim() == 2:
+        slopes = slopes[i]
+    state = None if rng_state is None else rng_state + torch.tensor([0, i], dtype=rng_state.dtype)
+    return slopes, state
+
+
+def varlen_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    softmax_scale: float | None = None,
+    causal: bool = False,
+    window_size: tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
+    alibi_slopes: torch.Tensor | None = None,
+    dropout_p: float = 0.0,
+    rng_state: torch.Tensor | None = None,
+    upcast: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Varlen forward: ``attention`` per sequence. Returns (out (total_q, h, d),
+    softmax_lse (h, total_q)) — flash_attn 2.x's varlen lse layout. Rows of q outside
+    every sequence are 0 in out and +inf in the lse. Dropout draws sequence i's mask
+    from [seed, offset + i]."""
+    total_q, h, _ = q.shape
+    out = torch.zeros_like(q)
+    lse = torch.full((h, total_q), math.inf, dtype=_compute_dtype(q.dtype, upcast), device=q.device)
+    for i, rq, rk in _sequences(cu_seqlens_q, cu_seqlens_k):
+        if rq.stop == rq.start:
+            continue
+        slopes, state = _sequence_options(i, alibi_slopes, rng_state)
+        if rk.stop == rk.start:  # no key: out 0, lse +inf (as a row that sees no key)
+            continue
+        o, l = attention(
+            q[None, rq], k[None, rk], v[None, rk], softmax_scale, causal, window_size, softcap,
+            slopes, dropout_p, state, upcast,
+        )
+        out[rq] = o[0]
+        lse[:, rq] = l[0]
+    return out, lse
+
+
+def varlen_attention_bwd(
+    dout: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    softmax_lse: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    softmax_scale: float | None = None,
+    causal: bool = False,
+    window_size: tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
+    alibi_slopes: torch.Tensor | None = None,
+    dropout_p: float = 0.0,
+    rng_state: torch.Tensor | None = None,
+    upcast: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Varlen backward: ``attention_bwd`` per sequence; softmax_lse (h, total_q).
+    Rows outside every sequence get zero gradients."""
+    dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+    for i, rq, rk in _sequences(cu_seqlens_q, cu_seqlens_k):
+        if rq.stop == rq.start or rk.stop == rk.start:
+            continue
+        slopes, state = _sequence_options(i, alibi_slopes, rng_state)
+        g = attention_bwd(
+            dout[None, rq], q[None, rq], k[None, rk], v[None, rk], out[None, rq],
+            softmax_lse[None, :, rq], softmax_scale, causal, window_size, softcap, slopes,
+            dropout_p, state, upcast,
+        )
+        dq[rq], dk[rk], dv[rk] = g[0][0], g[1][0], g[2][0]
+    return dq, dk, dv
