@@ -1,0 +1,1 @@
+"""Integrations of flashattn with other libraries (each an optional dependency)."""
