@@ -7,8 +7,8 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-import flashattn.integrations.transformers as flashattn_hf  # noqa: E402
-from _hf_models import SDPA, padded_batch, tiny_config, tiny_model  # noqa: E402
+import flashattn.integrations.transformers as flashattn_hf
+from _hf_models import SDPA, padded_batch, tiny_config, tiny_model
 
 NAME = flashattn_hf.register()
 

@@ -9,9 +9,9 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-import flashattn.integrations.transformers as flashattn_hf  # noqa: E402
-from _hf_models import SDPA, padded_batch, tiny_config, tiny_model  # noqa: E402
-from _standard import BWD_FACTOR, FWD_FACTOR, assert_standard  # noqa: E402
+import flashattn.integrations.transformers as flashattn_hf
+from _hf_models import SDPA, padded_batch, tiny_config, tiny_model
+from _standard import BWD_FACTOR, FWD_FACTOR, assert_standard
 
 pytestmark = pytest.mark.gpu
 NAME = flashattn_hf.register()

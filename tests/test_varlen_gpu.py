@@ -155,7 +155,7 @@ def test_varlen_equals_dense(family, dtype):
     opts = (None, None, 0.0, d**-0.5, True, -1, -1, 0.0)
     out, lse = call_kernel(OPS.fwd, q, k, v, *opts, fam)
     dense_grads = call_kernel(OPS.bwd, dout, q, k, v, out, lse, *opts, True, fam)
-    flat = lambda t: t.reshape(b * s, *t.shape[2:])  # noqa: E731
+    flat = lambda t: t.reshape(b * s, *t.shape[2:])
     cu = cu_seqlens([s] * b)
     v_out, v_lse = call_kernel(OPS.varlen_fwd, flat(q), flat(k), flat(v), cu, cu, s, s, *opts, fam)
     assert torch.equal(v_out, flat(out))
