@@ -9,9 +9,7 @@ For each shape, in one run:
             training or serving loop sees (max of host and GPU time)
   GPU       one call replayed from a CUDA graph: the kernels alone
 for flashattn.flash_attn_func (no_grad for fwd, autograd for fwd_bwd), the raw
-op torch.ops.flashattn.fwd (fwd only), and SDPA with the FLASH_ATTENTION backend;
-and for a packed batch, flashattn.flash_attn_varlen_func beside PyTorch's
-torch.nn.attention.varlen.varlen_attn (where the installs have them).
+op torch.ops.flashattn.fwd (fwd only), and SDPA with the FLASH_ATTENTION backend.
 
   python3 benchmarks/bench_overhead.py [--out benchmarks/results/NAME]
 """
@@ -34,8 +32,6 @@ SHAPES = (
     ("b1-s128-h16-d128-causal", 1, 128, 128, 16, 16, 128, True),
     ("decode-s1-sk4k-h32-d128", 1, 1, 4096, 32, 32, 128, False),
 )
-# (name, sequence lengths, heads, heads_k, hdim, causal): a small packed batch.
-VARLEN_SHAPES = (("varlen-4x128-h16-d128-causal", (128, 128, 128, 128), 16, 16, 128, True),)
 CALLS = 200
 REPEATS = 7
 
@@ -152,46 +148,6 @@ def runners(torch, fa, shape, mode):
     return out, flash, (q, k, v, q_, k_, v_)
 
 
-def varlen_runners(torch, fa, shape, mode):
-    """{impl: callable} for one packed batch and mode (impls this install lacks are left out)."""
-    import torch.nn.functional as F
-
-    _, lengths, h, h_k, d, causal = shape
-    dt = torch.bfloat16
-    bwd = mode == "fwd_bwd"
-    total, max_s = sum(lengths), max(lengths)
-    cu = F.pad(torch.tensor(lengths, device="cuda").cumsum(0, dtype=torch.int32), (1, 0))
-    gen = torch.Generator(device="cuda").manual_seed(0)
-    q = torch.randn(total, h, d, device="cuda", dtype=dt, generator=gen)
-    k = torch.randn(total, h_k, d, device="cuda", dtype=dt, generator=gen)
-    v = torch.randn(total, h_k, d, device="cuda", dtype=dt, generator=gen)
-    g = torch.randn(total, h, d, device="cuda", dtype=dt, generator=gen)
-    if bwd:
-        for t in (q, k, v):
-            t.requires_grad_(True)
-    calls = {}
-    if hasattr(fa, "flash_attn_varlen_func"):
-        calls["flashattn"] = lambda: fa.flash_attn_varlen_func(q, k, v, cu, cu, max_s, max_s, causal=causal)
-    try:
-        from torch.nn.attention.varlen import varlen_attn
-
-        window = (-1, 0) if causal else (-1, -1)
-        calls["torch-vl"] = lambda: varlen_attn(q, k, v, cu, cu, max_s, max_s, window_size=window)
-    except ImportError:
-        pass
-    out = {}
-    for impl, call in calls.items():
-        def run(call=call):
-            if bwd:
-                call().backward(g)
-            else:
-                with torch.no_grad():
-                    call()
-
-        out[impl] = run
-    return out, (q, k, v)
-
-
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default=None, help="path without extension for .json")
@@ -220,17 +176,6 @@ def main(argv=None):
                     gpu_text = f"{gpu:8.1f}" if gpu is not None else "     n/a"
                     print(f"{shape[0]:28}{mode:>8}{impl:>10}{host:9.1f}{total:9.1f}{gpu_text}",
                           flush=True)
-            del fns, tensors
-    for shape in VARLEN_SHAPES:
-        for mode in ("fwd", "fwd_bwd"):
-            fns, tensors = varlen_runners(torch, fa, shape, mode)
-            for impl, fn in fns.items():
-                host, total = per_call_us(torch, fn)
-                gpu = graph_us(torch, fn)
-                rows.append({"shape": shape[0], "mode": mode, "impl": impl, "host_us": host,
-                             "per_call_us": total, "gpu_us": gpu})
-                gpu_text = f"{gpu:8.1f}" if gpu is not None else "     n/a"
-                print(f"{shape[0]:28}{mode:>8}{impl:>10}{host:9.1f}{total:9.1f}{gpu_text}", flush=True)
             del fns, tensors
     if args.out:
         with open(args.out + ".json", "w") as f:

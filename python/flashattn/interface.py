@@ -170,28 +170,14 @@ def _attention(
         window_right,
         float(softcap),
     )
-    result = _run(_FlashAttnFunction, _apply_eager, _fwd_op, args, deterministic, family)
-    return _finish(result, pad, head_dim, return_attn_probs)
-
-
-def _run(function, apply_eager, op, args, deterministic, family):
-    """(out, lse) of the forward op through the path the call needs: the
-    autograd.Function where something traces (torch.compile, functorch, forward-mode
-    AD, which raises: no jvp), its eager form where q, k or v needs a gradient, else
-    the op below its autograd kernel (~8 us of Python). args start with q, k, v."""
-    if not _eager():
-        return function.apply(*args, bool(deterministic), family)
-    q, k, v = args[:3]
-    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
-        return apply_eager(*args, bool(deterministic), family)
-    with _below_autograd():
-        return op(*args, family)
-
-
-def _finish(result, pad, head_dim, return_attn_probs):
-    """The public functions' return value: out without the head-dim padding, and
-    with return_attn_probs (out, softmax_lse, None)."""
-    out, lse = result
+    eager = _eager()
+    if not eager:  # torch.compile, functorch, forward-mode AD (which raises: no jvp)
+        out, lse = _FlashAttnFunction.apply(*args, bool(deterministic), family)
+    elif torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        out, lse = _apply_eager(*args, bool(deterministic), family)
+    else:  # nothing to differentiate: the op below its autograd kernel (~8 us of Python)
+        with _below_autograd():
+            out, lse = _fwd_op(*args, family)
     if pad:
         out = out[..., :head_dim]
     return (out, lse, None) if return_attn_probs else out
@@ -478,8 +464,16 @@ def _varlen_attention(
         window_right,
         float(softcap),
     )
-    result = _run(_FlashAttnVarlenFunction, _apply_varlen_eager, _varlen_fwd_op, args, deterministic, family)
-    return _finish(result, pad, head_dim, return_attn_probs)
+    if not _eager():
+        out, lse = _FlashAttnVarlenFunction.apply(*args, bool(deterministic), family)
+    elif torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        out, lse = _apply_varlen_eager(*args, bool(deterministic), family)
+    else:
+        with _below_autograd():
+            out, lse = _varlen_fwd_op(*args, family)
+    if pad:
+        out = out[..., :head_dim]
+    return (out, lse, None) if return_attn_probs else out
 
 
 def flash_attn_varlen_func(
