@@ -30,7 +30,6 @@ import json
 import math
 import random
 import sys
-from functools import partial
 
 TOKENS = 16384
 MODEL_DIM = 2048
@@ -53,36 +52,6 @@ def useful_flops(lengths, heads, hdim, causal):
     return 4.0 * heads * hdim * pairs
 
 
-def step(call, grad):
-    """A timed step: call(), then backward(grad) unless grad is None."""
-
-    def run():
-        out = call()
-        if grad is not None:
-            out.backward(grad)
-
-    return run
-
-
-def timed(do_bench, fn, leaves, flops):
-    """TFLOP/s of fn (median of triton's do_bench), or None if it fails."""
-    try:
-        ms = do_bench(fn, warmup=25, rep=100, return_mode="median", grad_to_none=leaves or None)
-    except Exception as e:  # noqa: BLE001 - reported as n/a
-        print(f"  failed: {type(e).__name__}: {str(e)[:200]}", file=sys.stderr)
-        return None
-    return flops / (ms * 1e-3) / 1e12
-
-
-def padded_sdpa(q, k, v, is_causal):
-    """SDPA's FlashAttention-2 backend on (b, h, s, d) tensors."""
-    import torch.nn.functional as F
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
-        return F.scaled_dot_product_attention(q, k, v, is_causal=is_causal)
-
-
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--hdim", default="64,128")
@@ -91,10 +60,12 @@ def main(argv=None):
     p.add_argument("--out", default=None, help="write OUT.txt and OUT.json")
     args = p.parse_args(argv)
 
-    import flashattn
     import torch
     import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
     from triton.testing import do_bench
+
+    import flashattn
 
     try:
         from torch.nn.attention.varlen import varlen_attn
@@ -133,29 +104,52 @@ def main(argv=None):
                     factor = 1.0 if mode == "fwd" else 3.5
                     bwd = mode == "fwd_bwd"
 
+                    def timed(fn, leaves, flops):
+                        try:
+                            ms = do_bench(fn, warmup=25, rep=100, return_mode="median",
+                                          grad_to_none=leaves or None)
+                        except Exception as e:  # noqa: BLE001 - reported as n/a
+                            print(f"  failed: {type(e).__name__}: {str(e)[:200]}", file=sys.stderr)
+                            return None
+                        return factor * flops / (ms * 1e-3) / 1e12
+
                     ql, kl, vl = (t.clone().requires_grad_(bwd) for t in (q, k, v))
+
+                    def run_varlen():
+                        o = flashattn.flash_attn_varlen_func(ql, kl, vl, cu, cu, max_s, max_s, causal=causal, **fam)
+                        if bwd:
+                            o.backward(dout)
+
                     qd, kd, vd = (t.clone().requires_grad_(bwd) for t in (dq, dk, dv))
+
+                    def run_dense():
+                        o = flashattn.flash_attn_func(qd, kd, vd, causal=causal, **fam)
+                        if bwd:
+                            o.backward(ddo)
+
                     qt, kt, vt = (t.clone().requires_grad_(bwd) for t in (q, k, v))
+
+                    def run_torch_varlen():
+                        o = varlen_attn(qt, kt, vt, cu, cu, max_s, max_s, window_size=(-1, 0) if causal else (-1, -1))
+                        if bwd:
+                            o.backward(dout)
+
                     qp, kp, vp = (t.clone().requires_grad_(bwd) for t in padded[:3])
-                    run_varlen = step(partial(flashattn.flash_attn_varlen_func, ql, kl, vl, cu, cu, max_s, max_s,
-                                              causal=causal, **fam), dout if bwd else None)
-                    run_dense = step(partial(flashattn.flash_attn_func, qd, kd, vd, causal=causal, **fam),
-                                     ddo if bwd else None)
-                    run_torch_varlen = varlen_attn and step(
-                        partial(varlen_attn, qt, kt, vt, cu, cu, max_s, max_s,
-                                window_size=(-1, 0) if causal else (-1, -1)),
-                        dout if bwd else None)
-                    run_padded = step(partial(padded_sdpa, qp, kp, vp, is_causal=causal),
-                                      padded[3] if bwd else None)
+
+                    def run_padded():
+                        with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
+                            o = F.scaled_dot_product_attention(qp, kp, vp, is_causal=causal)
+                        if bwd:
+                            o.backward(padded[3])
+
                     # SDPA's FLASH_ATTENTION backward faults (illegal memory access, torch
                     # 2.11) on padded tensors of 2^31 elements or more: not timed there.
                     pad_ok = padded[0].numel() < 2**31 or not bwd
                     r = {
-                        "varlen": timed(do_bench, run_varlen, [ql, kl, vl], factor * work),
-                        "dense": timed(do_bench, run_dense, [qd, kd, vd], factor * dense_work),
-                        "torch-vl": timed(do_bench, run_torch_varlen, [qt, kt, vt], factor * work)
-                        if varlen_attn else None,
-                        "FA2-pad": timed(do_bench, run_padded, [qp, kp, vp], factor * work) if pad_ok else None,
+                        "varlen": timed(run_varlen, [ql, kl, vl], work),
+                        "dense": timed(run_dense, [qd, kd, vd], dense_work),
+                        "torch-vl": timed(run_torch_varlen, [qt, kt, vt], work) if varlen_attn else None,
+                        "FA2-pad": timed(run_padded, [qp, kp, vp], work) if pad_ok else None,
                     }
                     ratio = r["varlen"] / r["dense"] if r["varlen"] and r["dense"] else None
                     cells = "".join(f"{x:9.1f}" if x else "      n/a" for x in r.values())
