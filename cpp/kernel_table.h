@@ -18,6 +18,7 @@ struct FwdKernelEntry {
   const char* dtype;   // "fp16", "bf16"
   int head_dim;        // bucket: serves head dims up to this
   int smem_bytes;      // dynamic shared memory per CTA; 0: no kernel in this tile set
+  int kv_block_m, kv_block_n;  // the KV cache kernel's tile: query rows and key rows of a CTA
   FwdKernelFn fn;
 };
 

@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "flashattn/params.h"
+#include "flashattn/launch/kv_cache_launch.h"
 #include "kernel_table.h"
 
 namespace flashattn {
@@ -262,24 +263,61 @@ void check_cu_seqlens(const Tensor& cu, const char* name, const Tensor& q, int64
   FA_CHECK(cu.stride(0) == 1, name, " must be contiguous");
 }
 
+// An int32 (batch,) tensor of per-sequence values on q's device.
+void check_per_sequence(const Tensor& t, const char* name, const Tensor& q, int64_t batch) {
+  check_cuda_tensor(t, name, q);
+  FA_CHECK(t.scalar_type() == ScalarType::Int, name, " has dtype ", dtype_name(t.scalar_type()),
+           "; it must be torch.int32");
+  FA_CHECK(t.dim() == 1 && t.size(0) == batch, name, " has shape ", shape_str(t), "; it must be (", batch,
+           ",), one value per sequence");
+  FA_CHECK(t.stride(0) == 1, name, " must be contiguous");
+}
+
+// k/v as a KV cache (flash_attn_with_kvcache, or a varlen forward over pages or
+// with seqused_k): their leading dims are the cache's, not q's.
+struct CacheArgs {
+  const Tensor* seqused_k = nullptr;    // (b,) int32: keys of each sequence (before seqlen_new)
+  const Tensor* block_table = nullptr;  // (b, pages) int32: k/v are (num_pages, page_size, h_k, d)
+  const Tensor* leftpad = nullptr;      // (b,) int32
+  const Tensor* batch_idx = nullptr;    // (b,) int32
+  int64_t seqlen_k = -1;                // keys of every sequence without seqused_k; -1: the capacity
+  int64_t seqlen_new = 0;               // keys appended after seqused_k
+};
+
 // Checks q/k/v and the options, fills the forward params (pointers to out and
 // lse are set by the caller). Returns the kernel family to run. `varlen`:
 // q (total_q, h, d), k/v (total_k, h_k, d) packed sequences; else 4-D batches.
+// `cache`: k/v are a KV cache, (b_cache, capacity, h_k, d) or pages.
 int prepare_fwd(const Tensor& q, const Tensor& k, const Tensor& v, const Options& o,
-                FwdParams& p, const Varlen* varlen = nullptr) {
+                FwdParams& p, const Varlen* varlen = nullptr, const CacheArgs* cache = nullptr) {
   FA_CHECK(q.is_cuda(), "q is not a CUDA tensor");
   const ScalarType dt = q.scalar_type();
   FA_CHECK(dt == ScalarType::Half || dt == ScalarType::BFloat16, "q has dtype ", dtype_name(dt),
            "; the CUDA kernels take torch.float16 or torch.bfloat16 (cast with .half() or "
            ".bfloat16())");
   const bool vl = varlen != nullptr;
+  const bool paged = cache != nullptr && cache->block_table != nullptr;
+  const bool kv_packed = vl && !paged;  // k/v (total_k, h_k, d); else 4-D
   check_attn_tensor(q, "q", q, vl);
-  check_attn_tensor(k, "k", q, vl);
-  check_attn_tensor(v, "v", q, vl);
+  check_attn_tensor(k, cache ? "k_cache" : "k", q, kv_packed);
+  check_attn_tensor(v, cache ? "v_cache" : "v", q, kv_packed);
   const int64_t off = vl ? 1 : 0;  // dims (seqlen, heads, head_dim) start here... minus the batch dim
-  const int64_t h = q.size(2 - off), d = q.size(3 - off), h_k = k.size(2 - off);
+  const int64_t kv_off = kv_packed ? 1 : 0;
+  const int64_t h = q.size(2 - off), d = q.size(3 - off), h_k = k.size(2 - kv_off);
   int64_t b, s_q, s_k;
-  if (vl) {
+  if (vl && paged) {
+    check_cu_seqlens(varlen->cu_seqlens_q, "cu_seqlens_q", q, -1);
+    b = varlen->cu_seqlens_q.size(0) - 1;
+    check_cu_seqlens(varlen->cu_seqlens_k, "cu_seqlens_k", q, b);
+    s_q = varlen->max_seqlen_q, s_k = varlen->max_seqlen_k;
+    const int64_t total_q = q.size(0);
+    FA_CHECK(s_q >= 0 && s_k >= 0 && s_q < (int64_t(1) << 31) && s_k < (int64_t(1) << 31),
+             "max_seqlen_q = ", s_q, " and max_seqlen_k = ", s_k, " must be in [0, 2^31)");
+    FA_CHECK(total_q <= b * s_q, "max_seqlen_q = ", s_q, " is smaller than the longest sequence: ", b,
+             " sequences hold ", total_q, " query tokens");
+    FA_CHECK(total_q < (int64_t(1) << 31), "total_q = ", total_q, " tokens: at most 2^31 - 1");
+    p.total_q = static_cast<int>(total_q);
+  } else if (vl) {
     check_cu_seqlens(varlen->cu_seqlens_q, "cu_seqlens_q", q, -1);
     b = varlen->cu_seqlens_q.size(0) - 1;
     check_cu_seqlens(varlen->cu_seqlens_k, "cu_seqlens_k", q, b);
@@ -295,15 +333,57 @@ int prepare_fwd(const Tensor& q, const Tensor& k, const Tensor& v, const Options
     FA_CHECK(v.size(0) == total_k, "k ", shape_str(k), " and v ", shape_str(v), " must have the same shape");
     p.total_q = static_cast<int>(total_q);
     p.total_k = static_cast<int>(total_k);
+  } else if (cache != nullptr) {
+    b = q.size(0), s_q = q.size(1), s_k = k.size(1);
+    FA_CHECK(paged || cache->batch_idx != nullptr || k.size(0) >= b, "k_cache ", shape_str(k), " holds ",
+             k.size(0), " sequences but q ", shape_str(q), " has ", b,
+             "; give every sequence a cache row (or map them with cache_batch_idx)");
   } else {
     b = q.size(0), s_q = q.size(1), s_k = k.size(1);
     FA_CHECK(k.size(0) == b && v.size(0) == b, "batch sizes differ: q ", shape_str(q), ", k ",
              shape_str(k), ", v ", shape_str(v));
     FA_CHECK(v.size(1) == s_k, "k ", shape_str(k), " and v ", shape_str(v), " must have the same shape");
   }
-  FA_CHECK(k.size(3 - off) == d && v.size(3 - off) == d, "head dims differ: q ", shape_str(q), ", k ",
+  FA_CHECK(k.size(3 - kv_off) == d && v.size(3 - kv_off) == d, "head dims differ: q ", shape_str(q), ", k ",
            shape_str(k), ", v ", shape_str(v), "; q, k and v need one head_dim");
-  FA_CHECK(v.size(2 - off) == h_k, "k ", shape_str(k), " and v ", shape_str(v), " must have the same shape");
+  FA_CHECK(v.size(2 - kv_off) == h_k, "k ", shape_str(k), " and v ", shape_str(v), " must have the same shape");
+  if (cache != nullptr) {
+    bool same = true;
+    for (int64_t i = 0; i < k.dim(); ++i) same &= k.size(i) == v.size(i);
+    FA_CHECK(same, "k_cache ", shape_str(k), " and v_cache ", shape_str(v), " must have the same shape");
+    if (paged) {
+      const Tensor& table = *cache->block_table;
+      check_cuda_tensor(table, "block_table", q);
+      FA_CHECK(table.scalar_type() == ScalarType::Int, "block_table has dtype ", dtype_name(table.scalar_type()),
+               "; it must be torch.int32");
+      FA_CHECK(table.dim() == 2 && table.size(0) == b && table.size(1) >= 1, "block_table has shape ",
+               shape_str(table), "; it must be (batch, max_pages_per_sequence) = (", b, ", >= 1)");
+      FA_CHECK(table.stride(1) == 1, "block_table must be contiguous in its last dim");
+      FA_CHECK(cache->leftpad == nullptr, "cache_leftpad is not supported with a paged KV cache (block_table)");
+      FA_CHECK(cache->batch_idx == nullptr, "cache_batch_idx is not supported with a paged KV cache "
+               "(block_table): the block table already names each sequence's pages");
+      const int64_t capacity = k.size(1) * table.size(1);
+      FA_CHECK(capacity < (int64_t(1) << 31), "block_table addresses ", capacity, " keys per sequence; at most 2^31 - 1");
+      p.block_table = static_cast<const int*>(table.data_ptr());
+      p.block_table_batch_stride = table.stride(0);
+      p.page_size = static_cast<int>(k.size(1));
+      if (!vl) s_k = capacity;
+    }
+    if (cache->seqused_k != nullptr) {
+      check_per_sequence(*cache->seqused_k, vl ? "seqused_k" : "cache_seqlens", q, b);
+      p.seqused_k = static_cast<const int*>(cache->seqused_k->data_ptr());
+    }
+    if (cache->leftpad != nullptr) {
+      check_per_sequence(*cache->leftpad, "cache_leftpad", q, b);
+      p.kv_leftpad = static_cast<const int*>(cache->leftpad->data_ptr());
+    }
+    if (cache->batch_idx != nullptr) {
+      check_per_sequence(*cache->batch_idx, "cache_batch_idx", q, b);
+      p.kv_batch_idx = static_cast<const int*>(cache->batch_idx->data_ptr());
+    }
+    if (!vl && cache->seqlen_k >= 0) s_k = cache->seqlen_k;
+    p.kv_cache = true;
+  }
   FA_CHECK(h % h_k == 0, h, " query heads are not a multiple of ", h_k,
            " key/value heads (GQA/MQA needs h % h_k == 0)");
   FA_CHECK(d <= kMaxHeadDim, "head dim ", d, " is over the maximum of ", kMaxHeadDim);
@@ -317,7 +397,9 @@ int prepare_fwd(const Tensor& q, const Tensor& k, const Tensor& v, const Options
   FA_CHECK(std::isfinite(o.softmax_scale), "softmax_scale ", o.softmax_scale, " is not finite");
   // CTAs of the largest grid (16-row tiles at the least): fixed-length batch *
   // heads * tiles of the longest sequence; varlen heads * (tokens / 16 + batch).
-  const int64_t tiles_per_head = vl ? std::max(q.size(0), k.size(0)) / 16 + b : b * ((std::max(s_q, s_k) + 15) / 16);
+  // (A split-KV grid has at most 128 splits of a query tile and stays below it.)
+  const int64_t tiles_per_head = vl ? std::max(q.size(0), kv_packed ? k.size(0) : 0) / 16 + b
+                                    : b * ((std::max(s_q, s_k) + 15) / 16);
   FA_CHECK(s_q < (int64_t(1) << 31) && s_k < (int64_t(1) << 31) && tiles_per_head * h < (int64_t(1) << 31),
            "the problem is too large for one launch (heads * tiles of 16 rows >= 2^31); split the batch");
 
@@ -347,6 +429,7 @@ int prepare_fwd(const Tensor& q, const Tensor& k, const Tensor& v, const Options
     p.cu_seqlens_q = static_cast<const int*>(varlen->cu_seqlens_q.data_ptr());
     p.cu_seqlens_k = static_cast<const int*>(varlen->cu_seqlens_k.data_ptr());
   }
+  if (cache != nullptr) p.seqlen_new = static_cast<int>(cache->seqlen_new);
   p.batch = static_cast<int>(b);
   p.heads = static_cast<int>(h);
   p.heads_k = static_cast<int>(h_k);
@@ -436,12 +519,73 @@ void check_launch(const char* what) {
   FA_CHECK(err == cudaSuccess, what, " kernel launch failed: ", cudaGetErrorString(err));
 }
 
+// GQA packing (the KV cache kernel, fixed-length batches): the g = h / h_k query
+// heads of a KV head become rows of the same tiles (params.h), so that K and V are
+// read once per group instead of g times, and a decode step fills g rows of a
+// tile, not one. Not with ALiBi, whose slope is per head, not per row.
+void pack_gqa(FwdParams& p) {
+  if (!p.kv_cache || p.cu_seqlens_q != nullptr || p.heads == p.heads_k || p.alibi_slopes != nullptr) return;
+  const int g = p.heads / p.heads_k;
+  if (int64_t(p.seqlen_q) * g >= (int64_t(1) << 31)) return;
+  p.pack_gqa = g;
+  p.seqlen_q *= g;
+  p.heads = p.heads_k;
+}
+
+// Split-KV: how many CTAs share the key blocks of one query tile. A grid that
+// already fills the GPU (about two CTAs per SM) gets no split. Otherwise the
+// candidates are the counts up to 128 that shorten the longest share
+// (ceil(blocks / s) < ceil(blocks / (s - 1)): a count that does not only adds
+// CTAs), and of them the fewest whose last wave of CTAs is at least 85% as full
+// as the fullest candidate's: every split costs a partial write and its share of
+// the merge.
+int choose_num_splits(int64_t tiles, int64_t key_blocks, int num_sms) {
+  const double slots = 2.0 * num_sms;
+  if (tiles >= 0.8 * slots || key_blocks < 2) return 1;
+  const int most = static_cast<int>(std::min<int64_t>(128, key_blocks));
+  auto share = [&](int splits) { return (key_blocks + splits - 1) / splits; };
+  auto candidate = [&](int splits) { return splits == 1 || share(splits) < share(splits - 1); };
+  auto fill = [&](int splits) {
+    const double waves = double(tiles) * splits / slots;
+    return waves / std::ceil(waves);
+  };
+  double best = 0.0;
+  for (int s = 1; s <= most; ++s) {
+    if (candidate(s)) best = std::max(best, fill(s));
+  }
+  for (int s = 1; s <= most; ++s) {
+    if (candidate(s) && fill(s) >= 0.85 * best) return s;
+  }
+  return 1;
+}
+
+// The split count of a forward (`requested` > 0: the caller's, within 1..128 and
+// the key blocks), and its fp32 workspace: lse_accum, then out_accum (params.h).
+// Varlen batches are not split. Returns the workspace (undefined without splits).
+std::optional<Tensor> plan_splits(FwdParams& p, const FwdKernelEntry& kernel, int64_t requested,
+                                  const Tensor& q) {
+  if (p.cu_seqlens_q != nullptr) return std::nullopt;
+  const int64_t key_blocks = (int64_t(p.seqlen_k) + kernel.kv_block_n - 1) / kernel.kv_block_n;
+  const int64_t tiles = int64_t(p.batch) * p.heads * ((p.seqlen_q + kernel.kv_block_m - 1) / kernel.kv_block_m);
+  const int splits = requested > 0 ? static_cast<int>(std::max<int64_t>(1, std::min<int64_t>({requested, 128, key_blocks})))
+                                   : choose_num_splits(tiles, key_blocks, p.num_sms);
+  if (splits <= 1) return std::nullopt;
+  const int64_t rows = int64_t(p.batch) * p.heads * p.seqlen_q;
+  Tensor accum = torch::stable::empty({splits * rows * (p.head_dim + 1)}, ScalarType::Float, std::nullopt, q.device());
+  p.num_splits = splits;
+  p.lse_accum = static_cast<float*>(accum.data_ptr());
+  p.out_accum = p.lse_accum + splits * rows;
+  p.kv_cache = true;
+  return accum;
+}
+
+// `cache`: a varlen forward over a KV cache (pages, seqused_k); forward only.
 Tensor run_fwd(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
-               const Options& o, const Varlen* varlen = nullptr) {
+               const Options& o, const Varlen* varlen = nullptr, const CacheArgs* cache = nullptr) {
   FwdParams p;
-  const int family = prepare_fwd(q, k, v, o, p, varlen);
-  FwdKernelFn fn = find_kernel(fwd_kernel_table(), family, q.scalar_type(), head_dim_of(q),
-                               device_info(p.device), "forward").fn;
+  const int family = prepare_fwd(q, k, v, o, p, varlen, cache);
+  const FwdKernelEntry& kernel = find_kernel(fwd_kernel_table(), family, q.scalar_type(), head_dim_of(q),
+                                             device_info(p.device), "forward");
   check_out(out, q);
   torch::stable::accelerator::DeviceGuard guard(q.get_device_index());
   Tensor lse = new_lse(q, varlen);
@@ -449,7 +593,12 @@ Tensor run_fwd(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& 
   set_strides(out, p.out_batch_stride, p.out_row_stride, p.out_head_stride);
   set_lse(p, lse);
   if (q.size(0) == 0 || p.seqlen_q == 0) return lse;  // varlen, every sequence empty: nothing to compute
-  fn(p, current_stream(q.get_device_index()));
+  // Few query rows (decode, short prefill): the KV cache kernel, its smaller
+  // query tile and GQA packing.
+  if (p.cu_seqlens_q == nullptr && p.seqlen_q <= kernel.kv_block_m) p.kv_cache = true;
+  pack_gqa(p);
+  const std::optional<Tensor> accum = plan_splits(p, kernel, 0, q);
+  kernel.fn(p, current_stream(q.get_device_index()));
   check_launch("forward");
   return lse;
 }
@@ -482,6 +631,149 @@ Tensor fwd_out(Tensor q, Tensor k, Tensor v, Tensor out, std::optional<Tensor> a
   const Options o{alibi_slopes, rng_state, dropout_p, softmax_scale, causal,
                   window_left,  window_right, softcap, family};
   return run_fwd(q, k, v, out, o);
+}
+
+// A varlen forward over a KV cache: seqused_k (keys per sequence, from
+// cu_seqlens_k[b]) and/or block_table (k/v are pages). Forward only.
+std::tuple<Tensor, Tensor> varlen_fwd_cache(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k,
+                                            std::optional<Tensor> seqused_k, std::optional<Tensor> block_table,
+                                            int64_t max_seqlen_q, int64_t max_seqlen_k,
+                                            std::optional<Tensor> alibi_slopes, double softmax_scale, bool causal,
+                                            int64_t window_left, int64_t window_right, double softcap,
+                                            int64_t family) {
+  const Options o{alibi_slopes, std::nullopt, 0.0, softmax_scale, causal, window_left, window_right, softcap, family};
+  check_rank(q, true);
+  const Varlen varlen{cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k};
+  CacheArgs cache;
+  if (seqused_k.has_value()) cache.seqused_k = &*seqused_k;
+  if (block_table.has_value()) cache.block_table = &*block_table;
+  Tensor out = new_like(q);
+  Tensor lse = run_fwd(q, k, v, out, o, &varlen, &cache);
+  return std::make_tuple(out, lse);
+}
+
+// flash_attn_with_kvcache: the append (and rotary embedding) into the caches in
+// place, then attention over the caches, split when that fills the GPU better.
+std::tuple<Tensor, Tensor> fwd_kvcache(Tensor q, Tensor k_cache, Tensor v_cache, std::optional<Tensor> k,
+                                       std::optional<Tensor> v, std::optional<Tensor> rotary_cos,
+                                       std::optional<Tensor> rotary_sin, std::optional<Tensor> cache_seqlens,
+                                       int64_t cache_seqlen, std::optional<Tensor> cache_batch_idx,
+                                       std::optional<Tensor> cache_leftpad, std::optional<Tensor> block_table,
+                                       std::optional<Tensor> alibi_slopes, double softmax_scale, bool causal,
+                                       int64_t window_left, int64_t window_right, double softcap,
+                                       bool rotary_interleaved, int64_t num_splits, int64_t family) {
+  const Options o{alibi_slopes, std::nullopt, 0.0, softmax_scale, causal, window_left, window_right, softcap, family};
+  check_rank(q, false);
+  FA_CHECK(k.has_value() == v.has_value(), "pass both k and v (the new keys and values) or neither");
+  FA_CHECK(rotary_cos.has_value() == rotary_sin.has_value(), "pass both rotary_cos and rotary_sin or neither");
+  FA_CHECK(!rotary_cos.has_value() || k.has_value(), "rotary_cos/rotary_sin rotate the new keys: pass k and v "
+           "too (without new keys, rotate q yourself)");
+  FA_CHECK(cache_seqlen >= -1, "cache_seqlens = ", cache_seqlen, " is negative");
+  const int64_t s_new = k.has_value() ? k->size(1) : 0;
+  FA_CHECK(!k.has_value() || cache_seqlens.has_value() || cache_seqlen >= 0,
+           "appending k/v needs cache_seqlens (where each sequence's new keys go)");
+  CacheArgs cache;
+  if (cache_seqlens.has_value()) cache.seqused_k = &*cache_seqlens;
+  if (block_table.has_value()) cache.block_table = &*block_table;
+  if (cache_leftpad.has_value()) cache.leftpad = &*cache_leftpad;
+  if (cache_batch_idx.has_value()) cache.batch_idx = &*cache_batch_idx;
+  cache.seqlen_k = cache_seqlen >= 0 ? cache_seqlen + s_new : -1;
+  cache.seqlen_new = s_new;
+  FwdParams p;
+  const int family_run = prepare_fwd(q, k_cache, v_cache, o, p, nullptr, &cache);
+  const int64_t b = q.size(0), s_q = q.size(1), h = q.size(2), d = q.size(3), h_k = k_cache.size(2);
+  const int64_t capacity = block_table.has_value() ? k_cache.size(1) * block_table->size(1) : k_cache.size(1);
+  FA_CHECK(cache_seqlen < 0 || cache_seqlen + s_new <= capacity, "the cache holds ", capacity,
+           " keys per sequence; cache_seqlens = ", cache_seqlen, " plus ", s_new, " new keys do not fit");
+  const FwdKernelEntry& kernel = find_kernel(fwd_kernel_table(), family_run, q.scalar_type(), d,
+                                             device_info(p.device), "forward");
+  torch::stable::accelerator::DeviceGuard guard(q.get_device_index());
+  const cudaStream_t stream = current_stream(q.get_device_index());
+
+  // The append and the rotary embedding.
+  KvAppendParams a;
+  std::optional<Tensor> q_rot;
+  if (k.has_value()) {
+    for (const Tensor* t : {&*k, &*v}) {
+      const char* name = t == &*k ? "k" : "v";
+      check_attn_tensor(*t, name, q, false);
+      FA_CHECK(t->size(0) == b && t->size(1) == s_new && t->size(2) == h_k && t->size(3) == d, name,
+               " has shape ", shape_str(*t), "; the new keys/values must be (batch, seqlen_new, heads_k, head_dim) = (",
+               b, ", ", s_new, ", ", h_k, ", ", d, ")");
+    }
+    FA_CHECK(s_new <= capacity, s_new, " new keys do not fit a cache of ", capacity, " keys per sequence");
+    a.k_new = k->data_ptr();
+    a.v_new = v->data_ptr();
+    set_strides(*k, a.k_new_batch_stride, a.k_new_row_stride, a.k_new_head_stride);
+    set_strides(*v, a.v_new_batch_stride, a.v_new_row_stride, a.v_new_head_stride);
+  }
+  if (rotary_cos.has_value()) {
+    const Tensor& cos = *rotary_cos;
+    const Tensor& sin = *rotary_sin;
+    for (const Tensor* t : {&cos, &sin}) {
+      const char* name = t == &cos ? "rotary_cos" : "rotary_sin";
+      check_cuda_tensor(*t, name, q);
+      FA_CHECK(t->scalar_type() == q.scalar_type(), name, " has dtype ", dtype_name(t->scalar_type()),
+               " but q has ", dtype_name(q.scalar_type()), "; give them one dtype");
+      FA_CHECK(t->dim() == 2, name, " must be 2-D (seqlen_ro, rotary_dim / 2), got shape ", shape_str(*t));
+      FA_CHECK(t->stride(1) == 1 && t->stride(0) == t->size(1), name, " must be contiguous");
+    }
+    FA_CHECK(sin.size(0) == cos.size(0) && sin.size(1) == cos.size(1), "rotary_cos ", shape_str(cos),
+             " and rotary_sin ", shape_str(sin), " must have the same shape");
+    const int64_t rotary_dim = 2 * cos.size(1);
+    FA_CHECK(rotary_dim % 16 == 0 && rotary_dim <= d, "the rotary dim (2 * rotary_cos.shape[1] = ", rotary_dim,
+             ") must be a multiple of 16 and at most the head dim ", d);
+    FA_CHECK(cos.size(0) >= capacity, "rotary_cos/rotary_sin have ", cos.size(0),
+             " positions but the cache holds ", capacity, "; pass one row per cache position");
+    a.rotary_cos = cos.data_ptr();
+    a.rotary_sin = sin.data_ptr();
+    a.rotary_dim = static_cast<int>(rotary_dim);
+    a.rotary_interleaved = rotary_interleaved;
+    a.q_positions_per_row = causal || window_left >= 0 || window_right >= 0;
+    q_rot = new_like(q);
+    a.q = q.data_ptr();
+    a.q_rot = q_rot->data_ptr();
+    set_strides(q, a.q_batch_stride, a.q_row_stride, a.q_head_stride);
+  }
+  if (k.has_value()) {
+    a.k_cache = k_cache.data_ptr();
+    a.v_cache = v_cache.data_ptr();
+    set_strides(k_cache, a.k_batch_stride, a.k_row_stride, a.k_head_stride);
+    set_strides(v_cache, a.v_batch_stride, a.v_row_stride, a.v_head_stride);
+    a.cache_seqlens = p.seqused_k;
+    a.cache_seqlen = static_cast<int>(std::max<int64_t>(cache_seqlen, 0));
+    a.kv_batch_idx = p.kv_batch_idx;
+    a.block_table = p.block_table;
+    a.block_table_batch_stride = p.block_table_batch_stride;
+    a.page_size = p.page_size;
+  }
+  a.batch = static_cast<int>(b);
+  a.seqlen_q = static_cast<int>(s_q);
+  a.seqlen_new = static_cast<int>(s_new);
+  a.heads = static_cast<int>(h);
+  a.heads_k = static_cast<int>(h_k);
+  a.head_dim = static_cast<int>(d);
+  a.is_bf16 = p.is_bf16;
+  if (k.has_value() || q_rot.has_value()) {
+    launch_kv_append(a, stream);
+    check_launch("KV cache append");
+  }
+  if (q_rot.has_value()) {
+    p.q = q_rot->data_ptr();
+    set_strides(*q_rot, p.q_batch_stride, p.q_row_stride, p.q_head_stride);
+  }
+
+  Tensor out = new_like(q);
+  Tensor lse = new_lse(q, nullptr);
+  p.out = out.data_ptr();
+  set_strides(out, p.out_batch_stride, p.out_row_stride, p.out_head_stride);
+  set_lse(p, lse);
+  pack_gqa(p);
+  FA_CHECK(num_splits >= 0, "num_splits = ", num_splits, " is negative; use 0 (automatic) or a count >= 1");
+  const std::optional<Tensor> accum = plan_splits(p, kernel, num_splits, q);
+  kernel.fn(p, stream);
+  check_launch("forward");
+  return std::make_tuple(out, lse);
 }
 
 std::tuple<Tensor, Tensor> varlen_fwd(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k,
@@ -653,4 +945,6 @@ STABLE_TORCH_LIBRARY_IMPL(flashattn, CUDA, m) {
   m.impl("varlen_fwd_out", TORCH_BOX(&flashattn::varlen_fwd_out));
   m.impl("varlen_bwd", TORCH_BOX(&flashattn::varlen_bwd));
   m.impl("varlen_bwd_out", TORCH_BOX(&flashattn::varlen_bwd_out));
+  m.impl("varlen_fwd_cache", TORCH_BOX(&flashattn::varlen_fwd_cache));
+  m.impl("fwd_kvcache", TORCH_BOX(&flashattn::fwd_kvcache));
 }

@@ -26,7 +26,8 @@ VARIANTS = {
 
 
 def test_schemas_are_those_of_ops_md():
-    names = ("fwd", "fwd_out", "bwd", "bwd_out", "varlen_fwd", "varlen_fwd_out", "varlen_bwd", "varlen_bwd_out")
+    names = ("fwd", "fwd_out", "bwd", "bwd_out", "varlen_fwd", "varlen_fwd_out", "varlen_bwd", "varlen_bwd_out",
+             "varlen_fwd_cache", "fwd_kvcache")
     assert len(_ops.SCHEMAS) == len(names)
     for name, schema in zip(names, _ops.SCHEMAS):
         assert str(getattr(OPS, name).default._schema) == f"flashattn::{schema}"

@@ -182,8 +182,8 @@ def test_bad_inputs_get_clear_errors(case):
         flashattn.flash_attn_varlen_func(**_bad(**changes))
 
 
-def test_block_table_is_refused_clearly():
-    with pytest.raises(FlashAttnError, match="block_table"):
+def test_block_table_needs_pages():
+    with pytest.raises(FlashAttnError, match="block_table, k holds the KV cache's pages"):
         flashattn.flash_attn_varlen_func(**_bad(), block_table=torch.zeros(5, 1, dtype=torch.int32))
 
 

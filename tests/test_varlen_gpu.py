@@ -147,9 +147,11 @@ def test_varlen_features(family, dtype, feature):
 @pytest.mark.parametrize("family, dtype", FAMILY_DTYPES)
 def test_varlen_equals_dense(family, dtype):
     # Equal lengths: the varlen path runs the dense path's tiles on the same data, so
-    # out, lse and (deterministic) gradients are bitwise those of the dense op.
+    # out, lse and (deterministic) gradients are bitwise those of the dense op. (A
+    # batch that fills the GPU: with fewer tiles the dense forward splits the keys,
+    # which varlen does not; cpp/ops.cpp plan_splits.)
     fam = require(family, dtype, 64)
-    b, s, d = 3, 333, 64
+    b, s, d = 12, 333, 64
     g = torch.Generator("cuda").manual_seed(3)
     q, k, v, dout = (torch.randn(b, s, HEADS, d, generator=g, device="cuda", dtype=dtype) for _ in range(4))
     opts = (None, None, 0.0, d**-0.5, True, -1, -1, 0.0)

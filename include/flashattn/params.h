@@ -68,6 +68,64 @@ struct FwdParams {
   bool is_bf16 = false;
   int num_sms = 0;  // of the device, for grid heuristics
   int device = 0;   // CUDA device index (host side: the once-per-device shared-memory opt-in)
+
+  // KV cache: read only by the cache kernel (fwd_kernel<..., kKvCache = true>),
+  // which the host runs for flash_attn_with_kvcache, for a paged or split forward,
+  // and for few query rows. Key row j of sequence b (the rows at or after its
+  // first key row) is visible iff kv_leftpad[b] <= j < seqused_k[b].
+  bool kv_cache = false;                        // run the cache kernel
+  const int* __restrict__ seqused_k = nullptr;  // (b,) end of each sequence's keys; nullptr: seqlen_k (or cu_seqlens_k)
+  int seqlen_new = 0;  // keys appended after seqused_k[b] (flash_attn_with_kvcache's k/v)
+  const int* __restrict__ kv_leftpad = nullptr;  // (b,) first key row; nullptr: 0
+  const int* __restrict__ kv_batch_idx = nullptr;  // (b,) cache row of sequence b; nullptr: b
+  // Paged K/V: k/v are (num_pages, page_size, h_k, d), k/v_batch_stride the page
+  // stride, and key row j of sequence b is row j % page_size of page
+  // block_table[b * block_table_batch_stride + j / page_size]. nullptr: contiguous.
+  const int* __restrict__ block_table = nullptr;
+  index_t block_table_batch_stride = 0;
+  int page_size = 0;
+  // Split-KV: num_splits CTAs share the key blocks of one query tile and write
+  // fp32 partial results, normalised per split: out_accum (splits, b, h, s_q, d)
+  // and lse_accum (splits, b, h, s_q), -inf where a split saw no key; the combine
+  // kernel merges them into out and softmax_lse. 1: no split.
+  int num_splits = 1;
+  float* __restrict__ out_accum = nullptr;
+  float* __restrict__ lse_accum = nullptr;
+  // GQA packing: the pack_gqa = h / h_k query heads of a KV head share the rows of
+  // one tile, so that K/V are read once per group. Packed row R is query R / g of
+  // query head head_k * g + R % g; seqlen_q and heads are then the packed ones
+  // (s_q * g rows, h_k heads), the q/out/lse strides the caller's. 1: off.
+  int pack_gqa = 1;
+};
+
+// The in-place append of flash_attn_with_kvcache, run before the cache kernel:
+// new k/v rows (b, s_new, h_k, d) written into the cache at rows cache_seqlens[b]..,
+// k (and q, into q_rot) rotated by the rotary embedding at their positions.
+struct KvAppendParams {
+  const void* q = nullptr;  // (b, s_q, h, d); rotated into q_rot when rotary_dim > 0
+  void* q_rot = nullptr;    // contiguous (b, s_q, h, d)
+  const void* k_new = nullptr;  // (b, s_new, h_k, d) or nullptr
+  const void* v_new = nullptr;
+  void* k_cache = nullptr;
+  void* v_cache = nullptr;
+  const void* rotary_cos = nullptr;  // (seqlen_ro, rotary_dim / 2), contiguous
+  const void* rotary_sin = nullptr;
+  index_t q_batch_stride = 0, q_row_stride = 0, q_head_stride = 0;
+  index_t k_new_batch_stride = 0, k_new_row_stride = 0, k_new_head_stride = 0;
+  index_t v_new_batch_stride = 0, v_new_row_stride = 0, v_new_head_stride = 0;
+  index_t k_batch_stride = 0, k_row_stride = 0, k_head_stride = 0;  // the cache (page stride when paged)
+  index_t v_batch_stride = 0, v_row_stride = 0, v_head_stride = 0;
+  const int* cache_seqlens = nullptr;  // (b,); nullptr: cache_seqlen for every sequence
+  int cache_seqlen = 0;
+  const int* kv_batch_idx = nullptr;
+  const int* block_table = nullptr;
+  index_t block_table_batch_stride = 0;
+  int page_size = 0;
+  int batch = 0, seqlen_q = 0, seqlen_new = 0, heads = 0, heads_k = 0, head_dim = 0;
+  int rotary_dim = 0;         // 0: no rotary
+  bool rotary_interleaved = true;
+  bool q_positions_per_row = false;  // q row i at cache_seqlens[b] + i (causal/local), else all at cache_seqlens[b]
+  bool is_bf16 = false;
 };
 
 // Backward problem: the forward's inputs plus dout/out/lse, producing dq/dk/dv.

@@ -233,12 +233,24 @@ def check_varlen(
     softcap: float = 0.0,
     family: int = 0,
     public: bool = False,
+    paged: bool = False,
+    seqused: bool = False,
 ) -> None:
     """Check varlen forward inputs: q (total_q, h, d), k/v (total_k, h_k, d), cu_seqlens
     int32 (b + 1,) on q's device. Metadata only: the offsets themselves are not read
-    (on a GPU that would wait for it), only what the shapes allow — see docs/ops.md."""
+    (on a GPU that would wait for it), only what the shapes allow — see docs/ops.md.
+    ``paged``: k/v are pages (num_pages, page_size, h_k, d); ``seqused``: seqused_k
+    gives the key counts (cu_seqlens_k only the first rows)."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         _check_tensor(name, t)
+        if paged and name != "q":
+            if t.dim() != 4:
+                _fail(
+                    f"with a block_table, {name} holds the KV cache's pages (num_pages, page_size, heads_k,"
+                    f" head_dim), got shape {_shape(t)}"
+                )
+            _check_qkv_like(name, t)
+            continue
         if t.dim() != 3:
             _fail(
                 f"{name} must be 3-D (total_tokens, heads, head_dim), got shape {_shape(t)}"
@@ -254,10 +266,10 @@ def check_varlen(
     if k.shape != v.shape:
         _fail(f"k and v must have one shape, got k {_shape(k)} and v {_shape(v)}")
     _, h, d = q.shape
-    if k.shape[2] != d:
-        _fail(f"q has head dim {d} but k/v have head dim {k.shape[2]} — q, k and v need one head dim")
-    if h % k.shape[1] != 0:
-        _fail(f"{h} query heads are not a multiple of {k.shape[1]} key/value heads (GQA needs h % h_k == 0)")
+    if k.shape[-1] != d:
+        _fail(f"q has head dim {d} but k/v have head dim {k.shape[-1]} — q, k and v need one head dim")
+    if h % k.shape[-2] != 0:
+        _fail(f"{h} query heads are not a multiple of {k.shape[-2]} key/value heads (GQA needs h % h_k == 0)")
     _check_head_dim(d, public)
     batch = None
     for name, cu in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
@@ -282,6 +294,8 @@ def check_varlen(
     for name, m, total in (("max_seqlen_q", max_seqlen_q, q.shape[0]), ("max_seqlen_k", max_seqlen_k, k.shape[0])):
         if not is_int(m) or m < 0:
             _fail(f"{name} must be an int >= 0 (the longest sequence's length), got {m!r}")
+        if name == "max_seqlen_k" and (paged or seqused):
+            continue
         if total > batch * m:
             _fail(
                 f"{name} = {m} is smaller than the longest sequence: {batch} sequences hold"
@@ -294,6 +308,155 @@ def check_varlen(
     if rng_state is not None or dropout_p:
         _check_rng_state(rng_state, q, dropout_p)
     _check_scalars(dropout_p, window_left, window_right, softcap)
+    if family:
+        _check_family(family, q)
+
+
+def _check_per_sequence(name: str, t, q: torch.Tensor, batch: int) -> None:
+    """An int32 (batch,) tensor on q's device."""
+    _check_tensor(name, t)
+    if t.dtype != torch.int32:
+        _fail(f"{name} has dtype {t.dtype}; it must be torch.int32")
+    if t.device != q.device:
+        _fail(f"q is on {q.device} but {name} is on {t.device} — put all inputs on one device")
+    if t.dim() != 1 or t.shape[0] != batch:
+        _fail(f"{name} has shape {_shape(t)}; it must be ({batch},), one value per sequence")
+    if t.stride(0) != 1:
+        _fail(f"{name} must be contiguous — call {name}.contiguous()")
+
+
+def _check_block_table(block_table, q: torch.Tensor, batch: int) -> None:
+    _check_tensor("block_table", block_table)
+    if block_table.dtype != torch.int32:
+        _fail(f"block_table has dtype {block_table.dtype}; it must be torch.int32")
+    if block_table.device != q.device:
+        _fail(f"q is on {q.device} but block_table is on {block_table.device} — put all inputs on one device")
+    if block_table.dim() != 2 or block_table.shape[0] != batch or block_table.shape[1] == 0:
+        _fail(
+            f"block_table has shape {_shape(block_table)}; it must be (batch, max_pages_per_sequence)"
+            f" = ({batch}, >= 1)"
+        )
+    if block_table.stride(1) != 1:
+        _fail("block_table must be contiguous in its last dim — call block_table.contiguous()")
+
+
+def check_varlen_cache(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table, max_seqlen_q, max_seqlen_k,
+                       alibi_slopes, family, public: bool = False) -> None:
+    """A varlen forward over a KV cache: check_varlen's rules, k/v pages
+    (num_pages, page_size, h_k, d) with a block_table (b, pages) int32, seqused_k (b,) int32."""
+    paged = block_table is not None
+    check_varlen(
+        q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, alibi_slopes=alibi_slopes,
+        family=family, public=public, paged=paged, seqused=seqused_k is not None,
+    )
+    batch = cu_seqlens_q.shape[0] - 1
+    if seqused_k is not None:
+        _check_per_sequence("seqused_k", seqused_k, q, batch)
+    if paged:
+        _check_block_table(block_table, q, batch)
+        if k.shape != v.shape:
+            _fail(f"k and v must have one shape, got k {_shape(k)} and v {_shape(v)}")
+
+
+def check_kvcache(
+    q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_seqlen, cache_batch_idx, cache_leftpad,
+    block_table, alibi_slopes, softmax_scale, causal, window_left, window_right, softcap, rotary_interleaved,
+    num_splits, family, public: bool = False,
+) -> None:
+    """flash_attn_with_kvcache's inputs (metadata only; the values of cache_seqlens
+    are not read): q (b, s_q, h, d); caches (b_cache, s_cache, h_k, d), or pages
+    (num_pages, page_size, h_k, d) with block_table (b, pages); new k/v (b, s_new,
+    h_k, d); cache_seqlens (b,) int32 or cache_seqlen an int (-1: none)."""
+    _check_qkv_like("q", q)
+    _check_dtype("q", q)
+    for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
+        _check_qkv_like(name, t)
+        _check_same(name, t, "q", q)
+    if k_cache.shape != v_cache.shape:
+        _fail(f"k_cache {_shape(k_cache)} and v_cache {_shape(v_cache)} must have the same shape")
+    b, _, h, d = q.shape
+    h_k = k_cache.shape[2]
+    if k_cache.shape[3] != d:
+        _fail(f"q has head dim {d} but the caches have {k_cache.shape[3]} — q and the caches need one head dim")
+    if h % h_k != 0:
+        _fail(f"{h} query heads are not a multiple of {h_k} key/value heads (GQA needs h % h_k == 0)")
+    if d > MAX_HEAD_DIM:
+        _check_head_dim(d, public)
+    if d % HEAD_DIM_MULTIPLE != 0 and q.is_cuda:
+        _fail(
+            f"head dim {d} is not a multiple of {HEAD_DIM_MULTIPLE}: the kernels read whole 16-byte rows of the"
+            " cache, which cannot be padded in place — allocate the cache (and q, k, v) with the head dim"
+            f" padded to {d + (-d % HEAD_DIM_MULTIPLE)}"
+        )
+    paged = block_table is not None
+    if paged:
+        _check_block_table(block_table, q, b)
+        if cache_leftpad is not None:
+            _fail("cache_leftpad is not supported with a paged KV cache (block_table)")
+        if cache_batch_idx is not None:
+            _fail("cache_batch_idx is not supported with a paged KV cache (block_table): the block table names each"
+                  " sequence's pages")
+        capacity = k_cache.shape[1] * block_table.shape[1]
+    else:
+        capacity = k_cache.shape[1]
+        if cache_batch_idx is None and k_cache.shape[0] < b:
+            _fail(
+                f"k_cache {_shape(k_cache)} holds {k_cache.shape[0]} sequences but q has {b}; give every"
+                " sequence a cache row (or map them with cache_batch_idx)"
+            )
+    for name, t in (("cache_batch_idx", cache_batch_idx), ("cache_leftpad", cache_leftpad)):
+        if t is not None:
+            _check_per_sequence(name, t, q, b)
+    if cache_seqlens is not None:
+        _check_per_sequence("cache_seqlens", cache_seqlens, q, b)
+    elif not is_int(cache_seqlen) or cache_seqlen < -1:
+        _fail(f"cache_seqlens must be an int >= 0 or an int32 tensor ({b},), got {cache_seqlen!r}")
+    if (k is None) != (v is None):
+        _fail("pass both k and v (the new keys and values) or neither")
+    s_new = 0
+    if k is not None:
+        for name, t in (("k", k), ("v", v)):
+            _check_qkv_like(name, t)
+            _check_same(name, t, "q", q)
+            if tuple(t.shape) != (b, t.shape[1], h_k, d):
+                _fail(f"{name} has shape {_shape(t)}; the new keys/values are (batch, seqlen_new, heads_k, head_dim)"
+                      f" = ({b}, seqlen_new, {h_k}, {d})")
+        if k.shape != v.shape:
+            _fail(f"k {_shape(k)} and v {_shape(v)} must have the same shape")
+        s_new = k.shape[1]
+        if cache_seqlens is None and cache_seqlen < 0:
+            _fail("appending k/v needs cache_seqlens (where each sequence's new keys go)")
+        if s_new > capacity:
+            _fail(f"{s_new} new keys do not fit a cache of {capacity} keys per sequence")
+    if cache_seqlens is None and cache_seqlen >= 0 and cache_seqlen + s_new > capacity:
+        _fail(f"the cache holds {capacity} keys per sequence; cache_seqlens = {cache_seqlen} plus {s_new} new keys"
+              " do not fit")
+    if (rotary_cos is None) != (rotary_sin is None):
+        _fail("pass both rotary_cos and rotary_sin or neither")
+    if rotary_cos is not None:
+        if k is None:
+            _fail("rotary_cos/rotary_sin rotate the new keys: pass k and v too (without new keys, rotate q yourself)")
+        for name, t in (("rotary_cos", rotary_cos), ("rotary_sin", rotary_sin)):
+            _check_tensor(name, t)
+            _check_same(name, t, "q", q)
+            if t.dim() != 2:
+                _fail(f"{name} must be 2-D (seqlen_ro, rotary_dim / 2), got shape {_shape(t)}")
+            if not t.is_contiguous():
+                _fail(f"{name} must be contiguous — call {name}.contiguous()")
+        if rotary_sin.shape != rotary_cos.shape:
+            _fail(f"rotary_cos {_shape(rotary_cos)} and rotary_sin {_shape(rotary_sin)} must have the same shape")
+        rotary_dim = 2 * rotary_cos.shape[1]
+        if rotary_dim % 16 != 0 or rotary_dim > d:
+            _fail(f"the rotary dim (2 * rotary_cos.shape[1] = {rotary_dim}) must be a multiple of 16 and at most"
+                  f" the head dim {d}")
+        if rotary_cos.shape[0] < capacity:
+            _fail(f"rotary_cos/rotary_sin have {rotary_cos.shape[0]} positions but the cache holds {capacity};"
+                  " pass one row per cache position")
+    if alibi_slopes is not None:
+        _check_alibi(alibi_slopes, b, h, q.device)
+    _check_scalars(0.0, window_left, window_right, softcap)
+    if not is_int(num_splits) or num_splits < 0:
+        _fail(f"num_splits must be an int >= 0 (0: automatic), got {num_splits!r}")
     if family:
         _check_family(family, q)
 

@@ -15,7 +15,15 @@ from typing import NamedTuple
 import torch
 
 from . import reference
-from ._checks import aligned_for_kernels, check_bwd, check_fwd, check_varlen, check_varlen_bwd
+from ._checks import (
+    aligned_for_kernels,
+    check_bwd,
+    check_fwd,
+    check_kvcache,
+    check_varlen,
+    check_varlen_bwd,
+    check_varlen_cache,
+)
 
 # Verbatim from docs/ops.md.
 SCHEMAS = (
@@ -68,6 +76,20 @@ SCHEMAS = (
         "Tensor? rng_state, float dropout_p, float softmax_scale, bool causal, "
         "int window_left, int window_right, float softcap, bool deterministic, "
         "int family) -> ()"
+    ),
+    (
+        "varlen_fwd_cache(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, "
+        "Tensor? seqused_k, Tensor? block_table, int max_seqlen_q, int max_seqlen_k, "
+        "Tensor? alibi_slopes, float softmax_scale, bool causal, int window_left, "
+        "int window_right, float softcap, int family) -> (Tensor out, Tensor softmax_lse)"
+    ),
+    (
+        "fwd_kvcache(Tensor q, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor? k, Tensor? v, "
+        "Tensor? rotary_cos, Tensor? rotary_sin, Tensor? cache_seqlens, int cache_seqlen, "
+        "Tensor? cache_batch_idx, Tensor? cache_leftpad, Tensor? block_table, "
+        "Tensor? alibi_slopes, float softmax_scale, bool causal, int window_left, "
+        "int window_right, float softcap, bool rotary_interleaved, int num_splits, "
+        "int family) -> (Tensor out, Tensor softmax_lse)"
     ),
 )
 
@@ -297,6 +319,54 @@ def _varlen_bwd_out_cpu(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, dq, d
     )
     for dst, src in zip((dq, dk, dv), _reference_varlen_bwd(dout, q, k, v, out, lse, cu_q, cu_k, opts)):
         dst.copy_(src)
+
+
+# ---- KV cache ops: forward only (no autograd kernel: gradients do not flow through them)
+
+
+@torch.library.register_fake("flashattn::varlen_fwd_cache")
+def _varlen_fwd_cache_fake(q, k, v, cu_q, cu_k, seqused_k, block_table, max_q, max_k, alibi_slopes, *args):
+    *_, family = args
+    check_varlen_cache(q, k, v, cu_q, cu_k, seqused_k, block_table, max_q, max_k, alibi_slopes, family)
+    return q.new_empty(q.shape), _new_varlen_lse(q)
+
+
+@torch.library.register_kernel("flashattn::varlen_fwd_cache", "cpu")
+def _varlen_fwd_cache_cpu(q, k, v, cu_q, cu_k, seqused_k, block_table, max_q, max_k, alibi_slopes, *args):
+    softmax_scale, causal, window_left, window_right, softcap, family = args
+    check_varlen_cache(q, k, v, cu_q, cu_k, seqused_k, block_table, max_q, max_k, alibi_slopes, family)
+    out, lse = reference.varlen_cache_attention(
+        q, k, v, cu_q, cu_k, seqused_k, block_table, softmax_scale, causal, (window_left, window_right), softcap,
+        alibi_slopes,
+    )
+    return out.contiguous(), lse.to(torch.float32).contiguous()
+
+
+def _kvcache_seqlens(cache_seqlens, cache_seqlen):
+    """The reference's cache_seqlens: the tensor, else the int (-1: the whole cache)."""
+    if cache_seqlens is not None:
+        return cache_seqlens
+    return None if cache_seqlen < 0 else cache_seqlen
+
+
+@torch.library.register_fake("flashattn::fwd_kvcache")
+def _fwd_kvcache_fake(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_seqlen, *args):
+    check_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_seqlen, *args)
+    b, s_q, h, _ = q.shape
+    return q.new_empty(q.shape), q.new_empty((b, h, s_q), dtype=torch.float32)
+
+
+@torch.library.register_kernel("flashattn::fwd_kvcache", "cpu")
+def _fwd_kvcache_cpu(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_seqlen, *args):
+    check_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_seqlen, *args)
+    (batch_idx, leftpad, block_table, alibi_slopes, softmax_scale, causal, window_left, window_right, softcap,
+     rotary_interleaved, _num_splits, _family) = args
+    out, lse = reference.kvcache_attention(
+        q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, _kvcache_seqlens(cache_seqlens, cache_seqlen),
+        batch_idx, leftpad, block_table, softmax_scale, causal, (window_left, window_right), softcap,
+        rotary_interleaved, alibi_slopes,
+    )
+    return out.contiguous(), lse.to(torch.float32).contiguous()
 
 
 # ---- autograd

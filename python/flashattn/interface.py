@@ -12,9 +12,11 @@ from ._checks import (
     HEAD_DIM_MULTIPLE,
     aligned_for_kernels,
     check_fwd,
+    check_kvcache,
     check_packed,
     check_packed_varlen,
     check_varlen,
+    check_varlen_cache,
     check_window_size,
     fail,
     is_real,
@@ -27,11 +29,14 @@ __all__ = [
     "flash_attn_varlen_func",
     "flash_attn_varlen_kvpacked_func",
     "flash_attn_varlen_qkvpacked_func",
+    "flash_attn_with_kvcache",
 ]
 
 
 _fwd_op = torch.ops.flashattn.fwd.default
 _varlen_fwd_op = torch.ops.flashattn.varlen_fwd.default
+_varlen_fwd_cache_op = torch.ops.flashattn.varlen_fwd_cache.default
+_fwd_kvcache_op = torch.ops.flashattn.fwd_kvcache.default
 _below_autograd = torch._C._AutoDispatchBelowAutograd
 
 
@@ -418,11 +423,12 @@ def _varlen_attention(
     return_attn_probs,
     block_table,
     family,
+    seqused_k=None,
 ):
-    if block_table is not None:
-        fail(
-            "block_table (a paged KV cache) has no kernel yet — pass k/v as (total_k, heads_k,"
-            " head_dim) tensors and block_table=None"
+    if block_table is not None or seqused_k is not None:
+        return _varlen_cache_attention(
+            q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale, causal,
+            window_size, softcap, alibi_slopes, return_attn_probs, block_table, seqused_k, family,
         )
     window_left, window_right = check_window_size(window_size)
     max_seqlen_q, max_seqlen_k = _as_int(max_seqlen_q), _as_int(max_seqlen_k)
@@ -476,6 +482,37 @@ def _varlen_attention(
     return (out, lse, None) if return_attn_probs else out
 
 
+def _varlen_cache_attention(
+    q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale, causal, window_size,
+    softcap, alibi_slopes, return_attn_probs, block_table, seqused_k, family,
+):
+    """flash_attn_varlen_func over a KV cache (block_table pages, seqused_k): forward only."""
+    if dropout_p:
+        fail("dropout_p must be 0 with block_table or seqused_k (a KV cache is read for inference, forward only)")
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v) if isinstance(t, torch.Tensor)):
+        fail(
+            "block_table / seqused_k is forward only (no gradients through a KV cache) — call it under"
+            " torch.no_grad() or pass detached tensors"
+        )
+    window_left, window_right = check_window_size(window_size)
+    max_seqlen_q, max_seqlen_k = _as_int(max_seqlen_q), _as_int(max_seqlen_k)
+    check_varlen_cache(
+        q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table, max_seqlen_q, max_seqlen_k, alibi_slopes,
+        0, public=True,
+    )
+    head_dim = q.shape[-1]
+    if softmax_scale is None:
+        softmax_scale = 1.0 / math.sqrt(head_dim)
+    q, k, v, family, pad = _kernel_inputs(q, k, v, family)
+    out, lse = _varlen_fwd_cache_op(
+        q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table, max_seqlen_q, max_seqlen_k, alibi_slopes,
+        float(softmax_scale), bool(causal), window_left, window_right, float(softcap), family,
+    )
+    if pad:
+        out = out[..., :head_dim]
+    return (out, lse, None) if return_attn_probs else out
+
+
 def flash_attn_varlen_func(
     q,
     k,
@@ -493,6 +530,7 @@ def flash_attn_varlen_func(
     deterministic=False,
     return_attn_probs=False,
     block_table=None,
+    seqused_k=None,
     *,
     family=None,
 ):
@@ -508,13 +546,19 @@ def flash_attn_varlen_func(
     empty. The offsets are not read on the host (that would wait for the GPU):
     docs/ops.md says what is checked.
 
+    A KV cache (forward only, as serving engines read one for paged prefill):
+    ``block_table`` (b, max_pages) int32 makes k/v pages (num_pages, page_size, h_k, d),
+    sequence i's keys being rows 0.. of its pages block_table[i]; ``seqused_k`` (b,)
+    int32 gives each sequence's key count (from row cu_seqlens_k[i], or from its first
+    page), instead of cu_seqlens_k's differences. Any page size works.
+
     Returns out (total_q, h, d), or with return_attn_probs (out, softmax_lse
     (h, total_q) fp32, None) — flash_attn 2.x's varlen lse layout.
     """
     return _varlen_attention(
         q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
         softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
-        return_attn_probs, block_table, family,
+        return_attn_probs, block_table, family, seqused_k,
     )
 
 
@@ -569,3 +613,83 @@ def flash_attn_varlen_kvpacked_func(
         softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
         return_attn_probs, None, family,
     )
+
+
+# ---- KV cache: inference, forward only
+
+
+def flash_attn_with_kvcache(
+    q,
+    k_cache,
+    v_cache,
+    k=None,
+    v=None,
+    rotary_cos=None,
+    rotary_sin=None,
+    cache_seqlens=None,
+    cache_batch_idx=None,
+    cache_leftpad=None,
+    block_table=None,
+    softmax_scale=None,
+    causal=False,
+    window_size=(-1, -1),
+    softcap=0.0,
+    rotary_interleaved=True,
+    alibi_slopes=None,
+    num_splits=0,
+    return_softmax_lse=False,
+    *,
+    family=None,
+):
+    """Attention over a KV cache, appending new keys/values first, as
+    ``flash_attn.flash_attn_with_kvcache`` (forward only).
+
+    q (b, s_q, h, d). k_cache/v_cache (b_cache, s_cache, h_k, d), or pages
+    (num_pages, page_size, h_k, d) with block_table (b, max_pages) int32 (any page
+    size). cache_seqlens: int or (b,) int32, the keys already cached per sequence
+    (None: the whole cache). k/v (b, s_new, h_k, d), if given, are written into the
+    caches **in place** at rows cache_seqlens[i].. and attended to. rotary_cos/sin
+    (seqlen_ro, rotary_dim / 2) rotate the new k at its positions and q at
+    cache_seqlens[i] (+ its row when causal or windowed); pairs (2j, 2j + 1) with
+    rotary_interleaved, else (j, j + rotary_dim / 2). cache_batch_idx (b,) int32 maps
+    sequence i to cache row cache_batch_idx[i]; cache_leftpad (b,) int32 hides each
+    sequence's first keys. causal/window/softcap/alibi_slopes as flash_attn_func, with
+    s_k = cache_seqlens[i] + s_new. num_splits: 0 chooses the split-KV count from the
+    GPU and the work, n >= 1 forces it. The head dim must be a multiple of 8 on the
+    GPU (a cache cannot be padded in place).
+
+    Returns out (b, s_q, h, d), or (out, softmax_lse (b, h, s_q) fp32) with
+    return_softmax_lse.
+    """
+    window_left, window_right = check_window_size(window_size)
+    cache_seqlen = -1
+    if cache_seqlens is not None and not isinstance(cache_seqlens, torch.Tensor):
+        cache_seqlen, cache_seqlens = int(cache_seqlens), None
+    if softmax_scale is None:
+        softmax_scale = 1.0 / math.sqrt(q.shape[-1])
+    if q.is_cuda:
+        # The op checks everything itself, in C++: only what it cannot take is fixed here.
+        family = _dispatch.cuda_family_and_head_dims(q.device, q.dtype, family)[0]
+        q = aligned_for_kernels(q)
+        if k is not None:
+            k, v = aligned_for_kernels(k), aligned_for_kernels(v)
+    else:
+        check_kvcache(
+            q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_seqlen, cache_batch_idx,
+            cache_leftpad, block_table, alibi_slopes, softmax_scale, causal, window_left, window_right, softcap,
+            rotary_interleaved, num_splits, 0, public=True,
+        )
+        if family is not None:
+            _dispatch.parse_family(family)
+        family = 0
+    args = (
+        q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_seqlen, cache_batch_idx,
+        cache_leftpad, block_table, alibi_slopes, float(softmax_scale), bool(causal), window_left, window_right,
+        float(softcap), bool(rotary_interleaved), int(num_splits), family,
+    )
+    if _eager():
+        with _below_autograd():
+            out, lse = _fwd_kvcache_op(*args)
+    else:
+        out, lse = _fwd_kvcache_op(*args)
+    return (out, lse) if return_softmax_lse else out

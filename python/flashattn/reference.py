@@ -7,7 +7,9 @@ checking, not for speed.
 Shapes: q (b, s_q, h, d), k/v (b, s_k, h_k, d) with h % h_k == 0, any d.
 Query head i reads key/value head i // (h // h_k). Varlen: q (total_q, h, d), k/v
 (total_k, h_k, d), sequence i at rows [cu_seqlens[i], cu_seqlens[i + 1]); each
-sequence is its own batch of one (masks aligned to its own bottom-right).
+sequence is its own batch of one (masks aligned to its own bottom-right). KV cache
+(``kvcache_attention``): flash_attn_with_kvcache's append, rotary embedding, paged
+and per-sequence caches, written plainly, one sequence at a time.
 """
 
 from __future__ import annotations
@@ -16,7 +18,16 @@ import math
 
 import torch
 
-__all__ = ["attention", "attention_bwd", "varlen_attention", "varlen_attention_bwd", "visible_mask"]
+__all__ = [
+    "apply_rotary",
+    "attention",
+    "attention_bwd",
+    "kvcache_attention",
+    "varlen_attention",
+    "varlen_attention_bwd",
+    "varlen_cache_attention",
+    "visible_mask",
+]
 
 
 def visible_mask(
@@ -279,3 +290,146 @@ def varlen_attention_bwd(
         )
         dq[rq], dk[rk], dv[rk] = g[0][0], g[1][0], g[2][0]
     return dq, dk, dv
+
+
+def apply_rotary(
+    x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor, interleaved: bool
+) -> torch.Tensor:
+    """Rotary embedding of x (b, s, h, d) at positions (b, s): its first
+    rotary_dim = 2 * cos.shape[1] dims are rotated by the angles of row positions[b, i]
+    of cos/sin (seqlen_ro, rotary_dim / 2); pairs (2j, 2j + 1) when ``interleaved``,
+    else (j, j + rotary_dim / 2). Computed in fp32, returned in x's dtype."""
+    rotary_dim = 2 * cos.shape[1]
+    c = cos[positions].float()[:, :, None]  # (b, s, 1, rotary_dim / 2)
+    s = sin[positions].float()[:, :, None]
+    x_rot = x[..., :rotary_dim].float()
+    if interleaved:
+        x1, x2 = x_rot[..., 0::2], x_rot[..., 1::2]
+        rotated = torch.stack((x1 * c - x2 * s, x1 * s + x2 * c), dim=-1).flatten(-2)
+    else:
+        x1, x2 = x_rot.chunk(2, dim=-1)
+        rotated = torch.cat((x1 * c - x2 * s, x1 * s + x2 * c), dim=-1)
+    return torch.cat((rotated.to(x.dtype), x[..., rotary_dim:]), dim=-1)
+
+
+def _cache_rows(cache: torch.Tensor, batch: int, rows: torch.Tensor, block_table, cache_batch_idx):
+    """Index of rows ``rows`` of sequence ``batch`` in a cache: (cache row or pages, offsets)."""
+    if block_table is not None:
+        page_size = cache.shape[1]
+        return block_table[batch].long()[rows // page_size], rows % page_size
+    cache_batch = batch if cache_batch_idx is None else int(cache_batch_idx[batch])
+    return torch.full_like(rows, cache_batch), rows
+
+
+def kvcache_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    k: torch.Tensor | None = None,
+    v: torch.Tensor | None = None,
+    rotary_cos: torch.Tensor | None = None,
+    rotary_sin: torch.Tensor | None = None,
+    cache_seqlens: torch.Tensor | int | None = None,
+    cache_batch_idx: torch.Tensor | None = None,
+    cache_leftpad: torch.Tensor | None = None,
+    block_table: torch.Tensor | None = None,
+    softmax_scale: float | None = None,
+    causal: bool = False,
+    window_size: tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
+    rotary_interleaved: bool = True,
+    alibi_slopes: torch.Tensor | None = None,
+    upcast: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """flash_attn_with_kvcache: returns (out like q, softmax_lse (b, h, s_q)).
+
+    The new k/v (b, s_new, h_k, d) are written **into k_cache/v_cache** at rows
+    cache_seqlens[b].. of each sequence (k rotated at those positions); q is rotated
+    at cache_seqlens[b] (+ its row under a causal or local mask). Sequence b then
+    attends to its cache rows [cache_leftpad[b], cache_seqlens[b] + s_new), as one
+    sequence (masks and ALiBi aligned to its bottom-right). cache_seqlens None: the
+    whole cache. Caches are (b_cache, s_cache, h_k, d), or pages (num_pages,
+    page_size, h_k, d) named by block_table (b, pages_per_sequence).
+    """
+    b, s_q, h, _ = q.shape
+    capacity = k_cache.shape[1] * (block_table.shape[1] if block_table is not None else 1)
+    if cache_seqlens is None:
+        lengths = [capacity] * b
+    elif isinstance(cache_seqlens, int):
+        lengths = [cache_seqlens] * b
+    else:
+        lengths = [int(x) for x in cache_seqlens.tolist()]
+    s_new = 0 if k is None else k.shape[1]
+    rotary = rotary_cos is not None
+    device = q.device
+    if rotary:
+        starts = torch.tensor(lengths, device=device)[:, None]
+        rows = torch.arange(s_q, device=device)[None, :]
+        per_row = causal or window_size[0] >= 0 or window_size[1] >= 0
+        q = apply_rotary(q, rotary_cos, rotary_sin, starts + (rows if per_row else 0 * rows), rotary_interleaved)
+    out = torch.zeros_like(q)
+    lse = torch.full((b, h, s_q), math.inf, dtype=_compute_dtype(q.dtype, upcast), device=device)
+    for i in range(b):
+        if k is not None:
+            positions = torch.arange(lengths[i], lengths[i] + s_new, device=device)
+            new_k = k[i : i + 1]
+            if rotary:
+                new_k = apply_rotary(new_k, rotary_cos, rotary_sin, positions[None], rotary_interleaved)
+            where = _cache_rows(k_cache, i, positions, block_table, cache_batch_idx)
+            k_cache[where] = new_k[0]
+            v_cache[where] = v[i]
+        first = 0 if cache_leftpad is None else int(cache_leftpad[i])
+        keys = torch.arange(first, max(lengths[i] + s_new, first), device=device)
+        if keys.numel() == 0:
+            continue
+        where = _cache_rows(k_cache, i, keys, block_table, cache_batch_idx)
+        slopes, _ = _sequence_options(i, alibi_slopes, None)
+        o, l = attention(
+            q[i : i + 1], k_cache[where][None], v_cache[where][None], softmax_scale, causal, window_size,
+            softcap, slopes, 0.0, None, upcast,
+        )
+        out[i], lse[i] = o[0], l[0]
+    return out, lse
+
+
+def varlen_cache_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    seqused_k: torch.Tensor | None = None,
+    block_table: torch.Tensor | None = None,
+    softmax_scale: float | None = None,
+    causal: bool = False,
+    window_size: tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
+    alibi_slopes: torch.Tensor | None = None,
+    upcast: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Varlen forward over a KV cache. Sequence b's keys: seqused_k[b] of them
+    (cu_seqlens_k[b + 1] - cu_seqlens_k[b] without it), from row cu_seqlens_k[b] of
+    k/v (total_k, h_k, d), or from row 0 of its pages block_table[b] when k/v are pages
+    (num_pages, page_size, h_k, d). Returns (out (total_q, h, d), lse (h, total_q))."""
+    total_q, h, _ = q.shape
+    out = torch.zeros_like(q)
+    lse = torch.full((h, total_q), math.inf, dtype=_compute_dtype(q.dtype, upcast), device=q.device)
+    cu_q, cu_k = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
+    for i in range(len(cu_q) - 1):
+        rq = slice(cu_q[i], cu_q[i + 1])
+        n = int(seqused_k[i]) if seqused_k is not None else cu_k[i + 1] - cu_k[i]
+        if rq.stop == rq.start or n <= 0:
+            continue
+        rows = torch.arange(n, device=q.device)
+        if block_table is not None:
+            where = _cache_rows(k, i, rows, block_table, None)
+            ks, vs = k[where], v[where]
+        else:
+            ks, vs = k[cu_k[i] + rows], v[cu_k[i] + rows]
+        slopes, _ = _sequence_options(i, alibi_slopes, None)
+        o, l = attention(
+            q[None, rq], ks[None], vs[None], softmax_scale, causal, window_size, softcap, slopes, 0.0, None, upcast
+        )
+        out[rq] = o[0]
+        lse[:, rq] = l[0]
+    return out, lse

@@ -20,10 +20,52 @@ namespace flashattn {
 
 using namespace cute;
 
+// Tile row r of the key block at row n0 of a KV cache sequence sits this many
+// elements after the sequence's row 0 (contiguous cache) or after the head's
+// origin (paged cache: the page that holds the sequence's row first_row + n0 + r,
+// read from `staged`, where the CTA staged it in shared memory, else from the table).
+struct KeyRowAddress {
+  const int* table;    // this sequence's block-table row; nullptr: contiguous
+  const int2* staged;  // (page, row in page) of each row of the block, or nullptr
+  int page_size, first_row, n0;
+  index_t page_stride, row_stride;
+
+  __device__ __forceinline__ int64_t operator()(int r) const {
+    if (table == nullptr) return int64_t(n0) * row_stride;
+    int page, row_in_page;
+    if (staged != nullptr) {
+      const int2 at = staged[r];
+      page = at.x, row_in_page = at.y;
+    } else {
+      const int row = first_row + n0 + r;
+      page = __ldg(table + row / page_size), row_in_page = row % page_size;
+    }
+    return int64_t(page) * page_stride + int64_t(row_in_page - r) * row_stride;
+  }
+};
+
+// Packed GQA rows (params.pack_gqa = g > 1): packed row m0 + r of the tile is
+// query (m0 + r) / g of query head head_k * g + (m0 + r) % g. Their q/out rows
+// are not one stride apart: this is each one's offset (0 when g is 1).
+struct PackedRowAddress {
+  int m0, group;
+  index_t row_stride, head_stride;
+
+  __device__ __forceinline__ int64_t operator()(int r) const {
+    if (group == 1) return 0;
+    const int row = m0 + r;
+    return int64_t(row / group) * row_stride + int64_t(row % group) * head_stride;
+  }
+};
+
 // kScoreMods: softcap and ALiBi. A template flag, not a runtime one: as a
 // runtime branch ptxas predicated the modifiers into the plain loop and cost
 // 20-40% with the features off (docs/perf-notes.md, v3/v4).
-template <typename Traits, bool kScoreMods>
+// kKvCache: the KV cache kernel (params.h): paged K/V, split-KV, per-sequence
+// key ranges (seqused_k, leftpad, cache batch index), as runtime features; the
+// host runs it with kScoreMods on. Its own instance, so that none of this
+// stands in the plain kernel's loop.
+template <typename Traits, bool kScoreMods, bool kKvCache = false>
 __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(const FwdParams params) {
   using Element = typename Traits::Element;
   constexpr int kBlockM = Traits::kBlockM;
@@ -32,45 +74,91 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(const FwdPara
 
   extern __shared__ __align__(128) char smem[];
   const int tidx = threadIdx.x;
-  const QueryTileScheduler<kBlockM> tile(params);
-  const SeqlenInfo seq(params, tile.batch);
+  const QueryTileScheduler<kBlockM, kKvCache> tile(params);
+  const SeqlenInfo seq(params, tile.batch, kKvCache);
   const int m_block = tile.m_block;
   const int m0 = m_block * kBlockM;
   // Past the sequence's end: a spare slot of the varlen grid.
   if (m0 >= seq.seqlen_q) return;
   const int head_k = tile.head / (params.heads / params.heads_k);
-  const AttentionMask mask(params, seq);
+  // Packed GQA rows (the cache kernel only): g query heads per row group.
+  const int group = kKvCache ? params.pack_gqa : 1;
+  const AttentionMask mask(params, seq, group);
 
   // Global tensors of this (sequence, head): (seqlen, head_dim), 64-bit strides.
   auto gmem = [](const void* base, index_t offset, int rows, index_t row_stride) {
     return make_tensor(make_gmem_ptr(static_cast<const Element*>(base) + offset),
                        make_layout(make_shape(rows, Int<kHeadDim>{}), make_stride(row_stride, _1{})));
   };
+  // Packed rows are addressed one by one (PackedRowAddress): their tensors' row stride is 0.
+  const index_t q_row_stride = group > 1 ? 0 : params.q_row_stride;
+  const index_t out_row_stride = group > 1 ? 0 : params.out_row_stride;
   Tensor mQ = gmem(params.q, seq.q_offset(params.q_batch_stride, params.q_row_stride, tile.batch) +
-                                 tile.head * params.q_head_stride,
-                   seq.seqlen_q, params.q_row_stride);                          // (s_q, d)
-  Tensor mK = gmem(params.k, seq.k_offset(params.k_batch_stride, params.k_row_stride, tile.batch) +
+                                 index_t(tile.head) * group * params.q_head_stride,
+                   seq.seqlen_q, q_row_stride);                                 // (s_q, d)
+  // A paged cache's rows are found per tile (KeyRowAddress): K/V start at the head.
+  const bool paged = kKvCache && params.block_table != nullptr;
+  Tensor mK = gmem(params.k, (paged ? 0 : seq.k_offset(params.k_batch_stride, params.k_row_stride, tile.batch)) +
                                  head_k * params.k_head_stride,
                    seq.seqlen_k, params.k_row_stride);                          // (s_k, d)
-  Tensor mV = gmem(params.v, seq.k_offset(params.v_batch_stride, params.v_row_stride, tile.batch) +
+  Tensor mV = gmem(params.v, (paged ? 0 : seq.k_offset(params.v_batch_stride, params.v_row_stride, tile.batch)) +
                                  head_k * params.v_head_stride,
                    seq.seqlen_k, params.v_row_stride);                          // (s_k, d)
   Tensor mO = make_tensor(
       make_gmem_ptr(static_cast<Element*>(params.out) +
                     seq.q_offset(params.out_batch_stride, params.out_row_stride, tile.batch) +
-                    tile.head * params.out_head_stride),
-      make_layout(make_shape(seq.seqlen_q, Int<kHeadDim>{}), make_stride(params.out_row_stride, _1{})));
+                    index_t(tile.head) * group * params.out_head_stride),
+      make_layout(make_shape(seq.seqlen_q, Int<kHeadDim>{}), make_stride(out_row_stride, _1{})));
   Tensor gQ = local_tile(mQ, Shape<Int<kBlockM>, Int<kHeadDim>>{}, make_coord(m_block, 0));  // (M, d)
   Tensor gO = local_tile(mO, Shape<Int<kBlockM>, Int<kHeadDim>>{}, make_coord(m_block, 0));  // (M, d)
   // K and V start at the last visible key block and step back one block per
-  // iteration: one moving pointer each, not one address per block.
+  // iteration: one moving pointer each, not one address per block. The KV cache
+  // kernel addresses each block from block 0 instead (KeyRowAddress).
+  // The tile's queries: rows [m0, m0 + kBlockM), or with packed rows queries
+  // [q_first, q_first + q_count).
+  const int q_first = m0 / group;
+  const int q_count = group > 1 ? (min(m0 + kBlockM, seq.seqlen_q) - 1) / group - q_first + 1 : kBlockM;
   int n_begin, n_end;
-  mask.key_block_range(m0, kBlockM, kBlockN, n_begin, n_end);
-  Tensor gK = local_tile(mK, Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(max(n_end - 1, 0), 0));  // (N, d)
-  Tensor gV = local_tile(mV, Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(max(n_end - 1, 0), 0));  // (N, d)
+  mask.key_block_range(q_first, q_count, kBlockN, n_begin, n_end);
+  if constexpr (kKvCache) {
+    if (params.num_splits > 1) split_key_blocks(tile.split, params.num_splits, n_begin, n_end);
+  }
+  const int n_start = kKvCache ? 0 : max(n_end - 1, 0);
+  Tensor gK = local_tile(mK, Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(n_start, 0));  // (N, d)
+  Tensor gV = local_tile(mV, Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(n_start, 0));  // (N, d)
   const index_t k_block_step = -index_t(kBlockN) * params.k_row_stride;
   const index_t v_block_step = -index_t(kBlockN) * params.v_row_stride;
-  float* lse_row0 = params.softmax_lse + seq.lse_offset(params, tile.batch, tile.head);
+  const int* block_table = paged ? params.block_table + tile.batch * params.block_table_batch_stride : nullptr;
+  // Paged: the (page, row in page) of each row of a key block, staged in shared
+  // memory (shared_storage.h KvSharedStorage: block n in slot n % 2) one step
+  // before the loads that need them, so that no load waits on a block-table read.
+  // Thread t looks up row t: the read is issued before a product, its store after.
+  int2* page_slots = nullptr;
+  if constexpr (kKvCache && kv_stages_pages<Traits>) {
+    static_assert(kBlockN <= Traits::kNThreads, "one row of a key block per thread");
+    if (paged) page_slots = reinterpret_cast<KvSharedStorage<Traits>*>(smem)->pages;
+  }
+  auto fetch_page = [&](int n_block) {
+    const int row = n_block * kBlockN + tidx;
+    if (page_slots == nullptr || tidx >= kBlockN || row >= seq.seqlen_k) return make_int2(0, 0);
+    const int key = int(seq.row0_k) + row;
+    return make_int2(__ldg(block_table + key / params.page_size), key % params.page_size);
+  };
+  auto store_page = [&](int n_block, int2 page) {
+    if (page_slots != nullptr && tidx < kBlockN) page_slots[(n_block & 1) * kBlockN + tidx] = page;
+  };
+  auto staged = [&](int n0) { return page_slots == nullptr ? nullptr : page_slots + ((n0 / kBlockN) & 1) * kBlockN; };
+  auto k_rows = [&](int n0) {
+    return KeyRowAddress{block_table, staged(n0), params.page_size, int(seq.row0_k), n0, params.k_batch_stride,
+                         params.k_row_stride};
+  };
+  auto v_rows = [&](int n0) {
+    return KeyRowAddress{block_table, staged(n0), params.page_size, int(seq.row0_k), n0, params.v_batch_stride,
+                         params.v_row_stride};
+  };
+  float* lse_row0 = params.softmax_lse + seq.lse_offset(params, tile.batch, tile.head * group);
+  // Packed row -> its lse entry (query, head).
+  auto lse_index = [&](int row) { return group > 1 ? (row % group) * params.lse_head_stride + row / group : index_t(row); };
 
   auto& storage = *reinterpret_cast<FwdSharedStorage<Traits>*>(smem);
   Tensor sQ = make_tensor(make_smem_ptr(storage.q.data()), typename Traits::SmemLayoutQ{});   // (M, d)
@@ -113,9 +201,26 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(const FwdPara
 
   if (n_end > n_begin) {
     // Q and the last visible K block.
-    copy_tile<Traits::kCopyZeroFills>(gmem_copy, tQgQ, tQsQ, tQcQ, tQpQ, rows_left_q);
+    if constexpr (kKvCache) {
+      copy_tile<Traits::kCopyZeroFills>(gmem_copy, tQgQ, tQsQ, tQcQ, tQpQ, rows_left_q,
+                                        PackedRowAddress{m0, group, params.q_row_stride, params.q_head_stride});
+    } else {
+      copy_tile<Traits::kCopyZeroFills>(gmem_copy, tQgQ, tQsQ, tQcQ, tQpQ, rows_left_q);
+    }
     int n_block = n_end - 1;
-    copy_tile<Traits::kCopyZeroFills>(gmem_copy, tKgK, tKsK, tKcK, tKpK, seq.seqlen_k - n_block * kBlockN);
+    if constexpr (kKvCache) {
+      // A cache kernel's CTA sees few key blocks (one or two under split-KV): the
+      // first block's V loads beside its K instead of after it.
+      store_page(n_block, fetch_page(n_block));
+      __syncthreads();
+      copy_tile<Traits::kCopyZeroFills>(gmem_copy, tKgK, tKsK, tKcK, tKpK, seq.seqlen_k - n_block * kBlockN,
+                                        k_rows(n_block * kBlockN));
+      cp_async_fence();
+      copy_tile<Traits::kCopyZeroFills>(gmem_copy, tVgV, tVsV, tKcK, tKpK, seq.seqlen_k - n_block * kBlockN,
+                                        v_rows(n_block * kBlockN));
+    } else {
+      copy_tile<Traits::kCopyZeroFills>(gmem_copy, tKgK, tKsK, tKcK, tKpK, seq.seqlen_k - n_block * kBlockN);
+    }
     cp_async_fence();
 
     // Shared -> register partitions for S = Q K^T and O += P V.
@@ -134,6 +239,11 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(const FwdPara
     Tensor cS = make_identity_tensor(Shape<Int<kBlockM>, Int<kBlockN>>{});
     Tensor tScS = thr_mma.partition_C(cS);
     Tensor tScS0 = tiled_mma.get_thread_slice(0).partition_C(cS);
+    Tensor tScS_rc = make_tensor(tScS.data(), Traits::rowcol(tScS.layout()));
+    // Packed rows: each of this thread's accumulator rows' query.
+    int row_query[kRows];
+    CUTE_UNROLL
+    for (int r = 0; r < kRows; ++r) row_query[r] = (m0 + int(get<0>(tScS_rc(r, 0)))) / group;
 
     clear(acc_o);
     OnlineSoftmax<kRows, Traits::kRowShuffleMask> softmax;
@@ -150,13 +260,30 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(const FwdPara
       const int n0 = n_block * kBlockN;
       Tensor acc_s = partition_fragment_C(tiled_mma, Shape<Int<kBlockM>, Int<kBlockN>>{});
       clear(acc_s);
-      cp_async_wait<0>();
-      __syncthreads();  // K[n] (and Q) landed; everyone is done with V[n+1]
-      load_v.issue(gmem_copy, tVgV, tVsV, tKcK, tKpK, seq.seqlen_k - n0);
-      tVgV.data() = tVgV.data() + v_block_step;
-      cp_async_fence();
+      const bool v_in_flight = kKvCache && n_block == n_end - 1;  // loaded in the prologue
+      if (v_in_flight) {
+        cp_async_wait<1>();
+        __syncthreads();  // K[n] (and Q) landed
+      } else {
+        cp_async_wait<0>();
+        __syncthreads();  // K[n] (and Q) landed; everyone is done with V[n+1]
+        if constexpr (kKvCache) {
+          load_v.issue(gmem_copy, tVgV, tVsV, tKcK, tKpK, seq.seqlen_k - n0, v_rows(n0));
+        } else {
+          load_v.issue(gmem_copy, tVgV, tVsV, tKcK, tKpK, seq.seqlen_k - n0);
+          tVgV.data() = tVgV.data() + v_block_step;
+        }
+        cp_async_fence();
+      }
 
+      int2 next_page = make_int2(0, 0);  // of block n - 1, for K[n-1]'s load after the next barrier
+      if constexpr (kKvCache) {
+        if (n_block > n_begin) next_page = fetch_page(n_block - 1);
+      }
       gemm_smem_smem(acc_s, tSrQ, tSrK, tSsQ, tSsK, tiled_mma, smem_copy_q, smem_copy_k);
+      if constexpr (kKvCache) {
+        if (n_block > n_begin) store_page(n_block - 1, next_page);
+      }
       if constexpr (kScoreMods) {
         if (params.softcap > 0.f) {
           CUTE_UNROLL
@@ -164,14 +291,25 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(const FwdPara
         }
         if (alibi_slope != 0.f) mask.add_alibi(acc_s, tScS, tScS0, m0, n0, alibi_slope);
       }
-      if (mask.tile_needs_mask(m0, kBlockM, n0, kBlockN)) mask.apply(acc_s, tScS, tScS0, m0, n0);
+      if (group > 1) {
+        if (mask.tile_needs_mask(q_first, q_count, n0, kBlockN)) {
+          Tensor acc_s_rows = make_tensor(acc_s.data(), Traits::rowcol(acc_s.layout()));
+          mask.apply_queries(acc_s_rows, tScS_rc, n0, row_query);
+        }
+      } else if (mask.tile_needs_mask(m0, kBlockM, n0, kBlockN)) {
+        mask.apply(acc_s, tScS, tScS0, m0, n0);
+      }
 
-      load_v.commit(gmem_copy, tVsV);
+      if (!v_in_flight) load_v.commit(gmem_copy, tVsV);
       cp_async_wait<0>();
       __syncthreads();  // V[n] landed; everyone is done with K[n]
       if (n_block > n_begin) {
-        tKgK.data() = tKgK.data() + k_block_step;
-        load_k.issue(gmem_copy, tKgK, tKsK, tKcK, tKpK, seq.seqlen_k - n0 + kBlockN);
+        if constexpr (kKvCache) {
+          load_k.issue(gmem_copy, tKgK, tKsK, tKcK, tKpK, seq.seqlen_k - n0 + kBlockN, k_rows(n0 - kBlockN));
+        } else {
+          tKgK.data() = tKgK.data() + k_block_step;
+          load_k.issue(gmem_copy, tKgK, tKsK, tKcK, tKpK, seq.seqlen_k - n0 + kBlockN);
+        }
         cp_async_fence();
       }
 
@@ -205,18 +343,46 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(const FwdPara
     for (int r = 0; r < kRows; ++r) lse[r] = INFINITY;
   }
 
+  if constexpr (kKvCache) {
+    if (params.num_splits > 1) {
+      // This split's fp32 partial output and lse (-inf: it saw no key), straight
+      // from the registers: a few rows, merged by the combine kernel.
+      const index_t row0 = ((index_t(tile.split) * params.batch + tile.batch) * params.heads + tile.head) *
+                           params.seqlen_q;
+      float* out_part = params.out_accum + row0 * params.head_dim;
+      CUTE_UNROLL
+      for (int r = 0; r < kRows; ++r) {
+        const int row = m0 + get<0>(tOcO_rc(r, 0));
+        if (row >= seq.seqlen_q) continue;
+        if (get<1>(tOcO_rc(0, 0)) == 0) params.lse_accum[row0 + row] = lse[r] == INFINITY ? -INFINITY : lse[r];
+        CUTE_UNROLL
+        for (int c = 0; c < size<1>(acc_o_rc); ++c) {
+          const int col = get<1>(tOcO_rc(r, c));
+          if (col < params.head_dim) out_part[index_t(row) * params.head_dim + col] = acc_o_rc(r, c);
+        }
+      }
+      return;
+    }
+  }
+
   // lse: the lane holding column 0 of a row writes it.
   if (get<1>(tOcO_rc(0, 0)) == 0) {
     CUTE_UNROLL
     for (int r = 0; r < kRows; ++r) {
       const int row = m0 + get<0>(tOcO_rc(r, 0));
-      if (row < seq.seqlen_q) lse_row0[row] = lse[r];
+      if (row < seq.seqlen_q) lse_row0[lse_index(row)] = lse[r];
     }
   }
   // Epilogue: O through shared memory (where Q was) for 16-byte global stores.
   __syncthreads();  // every warp is done reading Q from shared memory
-  store_through_smem<typename Traits::GmemTiledCopyO, typename Traits::SmemCopyAtomO>(
-      acc_o, tiled_mma, sO, gO, rows_left_q, params.head_dim, tidx);
+  if constexpr (kKvCache) {
+    store_through_smem<typename Traits::GmemTiledCopyO, typename Traits::SmemCopyAtomO>(
+        acc_o, tiled_mma, sO, gO, rows_left_q, params.head_dim, tidx,
+        PackedRowAddress{m0, group, params.out_row_stride, params.out_head_stride});
+  } else {
+    store_through_smem<typename Traits::GmemTiledCopyO, typename Traits::SmemCopyAtomO>(
+        acc_o, tiled_mma, sO, gO, rows_left_q, params.head_dim, tidx);
+  }
 }
 
 }  // namespace flashattn

@@ -16,9 +16,10 @@ struct AttentionMask {
   int window_left, window_right;  // -1: unbounded
   int64_t diag_offset;            // s_k - s_q: row i's diagonal is column i + s_k - s_q
 
-  __device__ AttentionMask(const FwdParams& p, const SeqlenInfo& seq)
-      : seqlen_q(seq.seqlen_q), seqlen_k(seq.seqlen_k), window_left(p.window_left),
-        window_right(p.window_right), diag_offset(int64_t(seq.seqlen_k) - seq.seqlen_q) {}
+  // rows_per_query: packed GQA rows (params.pack_gqa), seq.seqlen_q / rows_per_query queries.
+  __device__ AttentionMask(const FwdParams& p, const SeqlenInfo& seq, int rows_per_query = 1)
+      : seqlen_q(seq.seqlen_q / rows_per_query), seqlen_k(seq.seqlen_k), window_left(p.window_left),
+        window_right(p.window_right), diag_offset(int64_t(seq.seqlen_k) - seqlen_q) {}
 
   // Key blocks [n_begin, n_end) that rows [m0, m0 + block_m) can see.
   __device__ void key_block_range(int m0, int block_m, int block_n, int& n_begin, int& n_end) const {
@@ -71,6 +72,24 @@ struct AttentionMask {
     for (int i = 0; i < cute::size(scores); ++i) {
       const float c_minus_r = float(int(cute::get<1>(coords0(i))) - int(cute::get<0>(coords0(i))));
       scores(i) = fmaf(-slope, fabsf(c_minus_r - diag), scores(i));
+    }
+  }
+
+  // Packed GQA rows (the KV cache kernel): row r of the (row, column) views
+  // `scores` and `coords` is query query[r]. Element by element: those tiles are
+  // memory-bound.
+  template <typename Scores, typename Coords, int kRows>
+  __device__ void apply_queries(Scores& scores, const Coords& coords, int n0, const int (&query)[kRows]) const {
+    CUTE_UNROLL
+    for (int r = 0; r < kRows; ++r) {
+      const int64_t diag = int64_t(query[r]) + diag_offset;
+      CUTE_UNROLL
+      for (int c = 0; c < cute::size<1>(scores); ++c) {
+        const int64_t col = n0 + int(cute::get<1>(coords(r, c)));
+        if (col >= seqlen_k || (window_right >= 0 && col > diag + window_right) ||
+            (window_left >= 0 && col < diag - window_left))
+          scores(r, c) = -INFINITY;
+      }
     }
   }
 

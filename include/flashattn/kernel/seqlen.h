@@ -18,17 +18,33 @@ namespace flashattn {
 struct SeqlenInfo {
   int seqlen_q = 0, seqlen_k = 0;  // this sequence's lengths
   index_t row0_q = 0, row0_k = 0;  // its first row in the packed tensors (0 for a fixed-length batch)
+  int batch_k = 0;                 // its batch index in k/v (a KV cache row may differ from q's)
 
-  __device__ SeqlenInfo(const FwdParams& p, int batch) {
+  // kv_cache: also read the cache's per-sequence fields (params.h); a constant
+  // false at the call site compiles them out of the other kernels.
+  __device__ SeqlenInfo(const FwdParams& p, int batch, bool kv_cache = false) : batch_k(batch) {
     if (p.cu_seqlens_q == nullptr) {
       seqlen_q = p.seqlen_q;
       seqlen_k = p.seqlen_k;
     } else {
       row0_q = p.cu_seqlens_q[batch];
+      seqlen_q = max(p.cu_seqlens_q[batch + 1] - int(row0_q), 0);
+    }
+    if (p.cu_seqlens_k != nullptr) {
       row0_k = p.cu_seqlens_k[batch];
       // A decreasing cu_seqlens (bad input) gives an empty sequence, not a negative length.
-      seqlen_q = max(p.cu_seqlens_q[batch + 1] - int(row0_q), 0);
       seqlen_k = max(p.cu_seqlens_k[batch + 1] - int(row0_k), 0);
+    }
+    if (kv_cache) {
+      if (p.seqused_k != nullptr) seqlen_k = p.seqused_k[batch] + p.seqlen_new;
+      if (p.block_table != nullptr) row0_k = 0;  // pages are addressed through the block table
+      if (p.kv_batch_idx != nullptr) batch_k = p.kv_batch_idx[batch];
+      if (p.kv_leftpad != nullptr) {
+        const int pad = p.kv_leftpad[batch];
+        row0_k += pad;
+        seqlen_k -= pad;
+      }
+      seqlen_k = max(seqlen_k, 0);
     }
   }
 
@@ -36,8 +52,8 @@ struct SeqlenInfo {
   __device__ index_t q_offset(index_t batch_stride, index_t row_stride, int batch) const {
     return batch * batch_stride + row0_q * row_stride;
   }
-  __device__ index_t k_offset(index_t batch_stride, index_t row_stride, int batch) const {
-    return batch * batch_stride + row0_k * row_stride;
+  __device__ index_t k_offset(index_t batch_stride, index_t row_stride, int /*batch*/) const {
+    return batch_k * batch_stride + row0_k * row_stride;
   }
   // Index of (head, row 0) in softmax_lse: (b, h, s_q), or (h, total_q) for varlen.
   __device__ index_t lse_offset(const FwdParams& p, int batch, int head) const {

@@ -29,6 +29,22 @@ struct FwdSharedStorage<Traits, true> : FwdSharedStorageBase<Traits> {
   SmemTile<typename Traits::Element, typename Traits::SmemLayoutP> p;
 };
 
+// The KV cache kernel: the forward's, and for paged K/V the (page, row in page)
+// of each row of two key blocks (staged by fwd.h), where the family's GPUs
+// give a CTA room for them (not the sm75 family's largest tiles).
+template <typename Traits>
+struct KvSharedStorage : FwdSharedStorage<Traits> {
+  int2 pages[2 * Traits::kBlockN];
+};
+
+template <typename Traits>
+constexpr bool kv_stages_pages = sizeof(KvSharedStorage<Traits>) <= Traits::kMaxSmemBytes;
+
+template <typename Traits>
+constexpr int kv_smem_bytes() {
+  return int(kv_stages_pages<Traits> ? sizeof(KvSharedStorage<Traits>) : sizeof(FwdSharedStorage<Traits>));
+}
+
 // Backward: Q (two buffers with kDoubleBufferQ), dO, K, V, P, dS. dK and dV are
 // staged where Q and dO were, dQ (the conversion kernel) where Q was.
 template <typename Traits>

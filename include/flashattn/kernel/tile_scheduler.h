@@ -72,21 +72,29 @@ __device__ __forceinline__ VarlenTile varlen_tile(const int* cu, int batch_count
 // compact slots of one head, then the next head. Under a causal or window mask
 // the last query blocks of a sequence see the most keys: they start first, so
 // that the longest CTAs do not run last.
-template <int kBlockM>
+//
+// kSplits (the KV cache kernel): params.num_splits CTAs side by side share one
+// query tile, each taking its share of the key blocks (split_key_blocks).
+template <int kBlockM, bool kSplits = false>
 struct QueryTileScheduler {
   int m_block, head, batch;
+  int split = 0;
 
   __host__ __device__ static int num_m_blocks(int seqlen) { return (seqlen + kBlockM - 1) / kBlockM; }
   // < 2^31 CTAs: checked on the host (more would need more memory than exists).
   static unsigned num_ctas(const FwdParams& p) {
     const int64_t per_head = p.cu_seqlens_q == nullptr ? int64_t(num_m_blocks(p.seqlen_q)) * p.batch
                                                        : varlen_num_slots<kBlockM>(p.total_q, p.batch);
-    return unsigned(per_head * p.heads);
+    return unsigned(per_head * p.heads * (kSplits ? p.num_splits : 1));
   }
 
   __device__ explicit QueryTileScheduler(const FwdParams& p) {
     const bool reverse = p.window_right >= 0;
-    const int64_t bid = blockIdx.x;
+    int64_t bid = blockIdx.x;
+    if constexpr (kSplits) {
+      split = int(bid % p.num_splits);
+      bid /= p.num_splits;
+    }
     if (p.cu_seqlens_q == nullptr) {
       const int num_m = num_m_blocks(p.seqlen_q);
       const int m = int(bid % num_m);
@@ -103,6 +111,16 @@ struct QueryTileScheduler {
     }
   }
 };
+
+// Key blocks [n_begin, n_end) of a query tile shared out among num_splits CTAs:
+// this split's share, as even as whole blocks allow (empty only when there are
+// fewer blocks than splits).
+__device__ __forceinline__ void split_key_blocks(int split, int num_splits, int& n_begin, int& n_end) {
+  const int blocks = max(n_end - n_begin, 0);
+  const int first = n_begin;
+  n_begin = first + int(int64_t(blocks) * split / num_splits);
+  n_end = first + int(int64_t(blocks) * (split + 1) / num_splits);
+}
 
 // Backward: (key block, kv head, sequence). Key block fastest, so that CTAs
 // running together share Q and dO in L2. Fixed-length under a causal mask the

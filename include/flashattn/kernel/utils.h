@@ -50,21 +50,34 @@ __device__ __forceinline__ void gemm_reg_smem(Acc& acc, const RegA& rA, RegB& rB
 // contributes exact zeros to the products. kZeroFills: the copy atom zero-fills
 // on a false predicate itself (cp.async with src-size 0), so no extra stores
 // (and no branches) stand in the loop.
+//
+// RowOffset: where the rows of `src` really are. row_offset(r), called only for
+// rows r < rows_left of the tile, is added to the address of tile row r (the
+// pages of a paged KV cache); NoRowOffset compiles to the plain copy.
+struct NoRowOffset {
+  __device__ __forceinline__ int64_t operator()(int) const { return 0; }
+};
+
 template <bool kZeroFills = false, typename TiledCopy, typename Src, typename Dst, typename Coords,
-          typename ColPred>
+          typename ColPred, typename RowOffset = NoRowOffset>
 __device__ __forceinline__ void copy_tile(TiledCopy tiled_copy, const Src& src, Dst& dst,
-                                          const Coords& coords, const ColPred& col_ok, int rows_left) {
+                                          const Coords& coords, const ColPred& col_ok, int rows_left,
+                                          const RowOffset& row_offset = {}) {
+  auto at = [&](int m, int k, int64_t offset) { return make_tensor(src(_, m, k).data() + offset, src(_, m, k).layout()); };
   CUTE_UNROLL
   for (int m = 0; m < size<1>(src); ++m) {
-    const bool row_ok = get<0>(coords(0, m, 0)) < rows_left;
+    const int row = get<0>(coords(0, m, 0));
+    const bool row_ok = row < rows_left;
     if constexpr (kZeroFills) {
+      const int64_t offset = row_ok ? row_offset(row) : 0;
       CUTE_UNROLL
-      for (int k = 0; k < size<2>(src); ++k) copy(tiled_copy.with(row_ok && col_ok(k)), src(_, m, k), dst(_, m, k));
+      for (int k = 0; k < size<2>(src); ++k) copy(tiled_copy.with(row_ok && col_ok(k)), at(m, k, offset), dst(_, m, k));
     } else if (row_ok) {
+      const int64_t offset = row_offset(row);
       CUTE_UNROLL
       for (int k = 0; k < size<2>(src); ++k) {
         if (col_ok(k)) {
-          copy(tiled_copy, src(_, m, k), dst(_, m, k));
+          copy(tiled_copy, at(m, k, offset), dst(_, m, k));
         } else {
           clear(dst(_, m, k));
         }
@@ -86,13 +99,14 @@ struct StagedTileCopy {
   using Registers = decltype(make_tensor<Element>(shape(std::declval<DstPartition>())));
   std::conditional_t<kThroughRegisters, Registers, int> regs;
 
-  template <typename TiledCopy, typename Src, typename Dst, typename Coords, typename ColPred>
+  template <typename TiledCopy, typename Src, typename Dst, typename Coords, typename ColPred,
+            typename RowOffset = NoRowOffset>
   __device__ __forceinline__ void issue(TiledCopy tiled_copy, const Src& src, Dst& dst, const Coords& coords,
-                                        const ColPred& col_ok, int rows_left) {
+                                        const ColPred& col_ok, int rows_left, const RowOffset& row_offset = {}) {
     if constexpr (kThroughRegisters) {
-      copy_tile<false>(tiled_copy, src, regs, coords, col_ok, rows_left);
+      copy_tile<false>(tiled_copy, src, regs, coords, col_ok, rows_left, row_offset);
     } else {
-      copy_tile<kZeroFills>(tiled_copy, src, dst, coords, col_ok, rows_left);
+      copy_tile<kZeroFills>(tiled_copy, src, dst, coords, col_ok, rows_left, row_offset);
     }
   }
 
@@ -103,15 +117,20 @@ struct StagedTileCopy {
 };
 
 // Registers -> global store of one tile; rows/columns outside are skipped.
-template <typename TiledCopy, typename Src, typename Dst, typename Coords, typename ColPred>
+// RowOffset as in copy_tile.
+template <typename TiledCopy, typename Src, typename Dst, typename Coords, typename ColPred,
+          typename RowOffset = NoRowOffset>
 __device__ __forceinline__ void store_tile(TiledCopy tiled_copy, const Src& src, Dst& dst,
-                                           const Coords& coords, const ColPred& col_ok, int rows_left) {
+                                           const Coords& coords, const ColPred& col_ok, int rows_left,
+                                           const RowOffset& row_offset = {}) {
   CUTE_UNROLL
   for (int m = 0; m < size<1>(src); ++m) {
-    if (get<0>(coords(0, m, 0)) < rows_left) {
+    const int row = get<0>(coords(0, m, 0));
+    if (row < rows_left) {
+      const int64_t offset = row_offset(row);
       CUTE_UNROLL
       for (int k = 0; k < size<2>(src); ++k) {
-        if (col_ok(k)) copy(tiled_copy, src(_, m, k), dst(_, m, k));
+        if (col_ok(k)) copy(tiled_copy, src(_, m, k), make_tensor(dst(_, m, k).data() + offset, dst(_, m, k).layout()));
       }
     }
   }
@@ -205,9 +224,10 @@ __device__ __forceinline__ auto convert_fragment(const Fragment& src) {
 // (rows, cols) tiles of one shape; the caller makes sure that nobody still
 // reads sTile's memory (a barrier) before the call.
 template <typename GmemTiledCopy, typename SmemCopyAtom, typename Acc, typename TiledMma, typename SmemTile,
-          typename GmemTile>
+          typename GmemTile, typename RowOffset = NoRowOffset>
 __device__ __forceinline__ void store_through_smem(const Acc& acc, TiledMma mma, SmemTile& sTile, GmemTile& gTile,
-                                                   int rows_left, int cols_left, int tidx) {
+                                                   int rows_left, int cols_left, int tidx,
+                                                   const RowOffset& row_offset = {}) {
   using Element = typename SmemTile::value_type;
   Tensor rAcc = convert_fragment<Element>(acc);
   auto copy_c = make_tiled_copy_C(SmemCopyAtom{}, mma);
@@ -223,7 +243,7 @@ __device__ __forceinline__ void store_through_smem(const Acc& acc, TiledMma mma,
   for (int k = 0; k < size(tSpT); ++k) tSpT(k) = get<1>(tScT(0, 0, k)) < cols_left;
   Tensor tSrT = make_tensor<Element>(shape(tSgT));
   copy(gmem_copy, tSsT, tSrT);
-  store_tile(gmem_copy, tSrT, tSgT, tScT, tSpT, rows_left);
+  store_tile(gmem_copy, tSrT, tSgT, tScT, tSpT, rows_left, row_offset);
 }
 
 }  // namespace flashattn

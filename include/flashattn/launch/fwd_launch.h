@@ -8,10 +8,23 @@
 #include <cuda_runtime.h>
 
 #include "flashattn/kernel/fwd.h"
+#include "flashattn/launch/kv_cache_launch.h"
 #include "flashattn/launch/tile_set.h"
 #include "flashattn/params.h"
 
 namespace flashattn {
+
+// The KV cache kernel (softcap and ALiBi as runtime features) with its own tile,
+// then the merge of its splits.
+template <typename KvTraits>
+void launch_fwd_kv_cache_kernel(const FwdParams& params, cudaStream_t stream) {
+  constexpr int kSmem = kv_smem_bytes<KvTraits>();
+  static_assert(kSmem <= KvTraits::kMaxSmemBytes, "the tile needs more shared memory than the family's GPUs give a CTA");
+  opt_in_smem<fwd_kernel<KvTraits, true, true>>(kSmem, params.device);
+  fwd_kernel<KvTraits, true, true><<<QueryTileScheduler<KvTraits::kBlockM, true>::num_ctas(params),
+                                     KvTraits::kNThreads, kSmem, stream>>>(params);
+  if (params.num_splits > 1) launch_combine_splits(params, stream);
+}
 
 template <typename Traits>
 void launch_fwd_kernel(const FwdParams& params, cudaStream_t stream) {
@@ -29,7 +42,13 @@ void launch_fwd_kernel(const FwdParams& params, cudaStream_t stream) {
 
 template <typename Kernel>
 void launch_fwd(const FwdParams& params, cudaStream_t stream) {
-  if constexpr (Kernel::kBuilt) launch_fwd_kernel<typename Kernel::Traits>(params, stream);
+  if constexpr (Kernel::kBuilt) {
+    if (params.kv_cache) {
+      launch_fwd_kv_cache_kernel<typename Kernel::KvTraits>(params, stream);
+    } else {
+      launch_fwd_kernel<typename Kernel::Traits>(params, stream);
+    }
+  }
 }
 
 }  // namespace flashattn

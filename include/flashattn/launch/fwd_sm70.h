@@ -27,6 +27,7 @@ struct Sm70Fwd {
   using Tile = Sm70FwdTile<kHeadDim>;
   using Traits = Sm70FwdTraits<Element, kHeadDim, Tile::kM, Tile::kN, Tile::kWarps>;
   using SharedStorage = FwdSharedStorage<Traits>;
+  using KvTraits = Traits;  // the KV cache kernel: the same tile
 };
 
 }  // namespace flashattn

@@ -29,6 +29,7 @@ struct Sm75Fwd {
   using Tile = Sm75FwdTile<kHeadDim>;
   using Traits = Sm75FwdTraits<Element, kHeadDim, Tile::kM, Tile::kN, Tile::kWarps, Tile::kPrefetch>;
   using SharedStorage = FwdSharedStorage<Traits>;
+  using KvTraits = Traits;  // the KV cache kernel: the same tile
 };
 
 }  // namespace flashattn

@@ -27,6 +27,18 @@ template <int kHeadDim> struct Sm80FwdTileSmem99 { static constexpr bool kOwn = 
 template <> struct Sm80FwdTileSmem99<224> { static constexpr bool kOwn = true; static constexpr int kM = 64, kN = 64, kWarps = 4; };
 template <> struct Sm80FwdTileSmem99<256> { static constexpr bool kOwn = true; static constexpr int kM = 64, kN = 64, kWarps = 4; };
 
+// The KV cache kernel's tile (decode, split-KV: few query rows, many keys): 64
+// query rows (4 warps of 16) and long key blocks, memory-bound: the bytes in
+// flight per SM set its speed. 128 keys up to d128 (16 / 32 KB per K or V load;
+// at d64, 256 keys spilled registers and ran 1.5-2x slower on H100), 64 beyond.
+// 40 / 80 / 96 KB of shared memory (d64 / d128 / d256): within 99 KB, so one tile
+// serves every sm_8x. Compiled for one CTA per SM like the others (255
+// registers): bounds for three CTAs at d64 spilled and ran 1.2-1.6x slower.
+template <int kHeadDim>
+struct Sm80FwdKvTile {
+  static constexpr int kM = 64, kN = kHeadDim <= 128 ? 128 : 64, kWarps = 4;
+};
+
 template <typename Element, int kHeadDim, TileSet kSet>
 struct Sm80Fwd {
   static constexpr bool kBuilt = kSet == TileSet::kDefault || Sm80FwdTileSmem99<kHeadDim>::kOwn;
@@ -35,6 +47,9 @@ struct Sm80Fwd {
   using Traits = Sm80FwdTraits<Element, kHeadDim, Tile::kM, Tile::kN, Tile::kWarps>;
   using SharedStorage = FwdSharedStorage<Traits>;
   static_assert(kSet != TileSet::kSmem99 || !kBuilt || sizeof(SharedStorage) <= kSmem99Bytes);
+  using KvTile = Sm80FwdKvTile<kHeadDim>;
+  using KvTraits = Sm80FwdTraits<Element, kHeadDim, KvTile::kM, KvTile::kN, KvTile::kWarps>;
+  static_assert(kv_smem_bytes<KvTraits>() <= kSmem99Bytes);
 };
 
 }  // namespace flashattn

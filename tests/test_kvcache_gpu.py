@@ -1,0 +1,373 @@
+"""The KV cache on the CUDA kernels, per family: flash_attn_with_kvcache (append in
+place, rotary, paged and contiguous caches, split-KV, GQA packing), the varlen
+forward over pages / seqused_k, and decode through flash_attn_func.
+
+Every case draws fresh randn inputs and caches whose rows outside each sequence's
+keys are NaN (the kernels must never read them), runs the kernel after filling the
+allocator's free memory with NaN (so that an output row it never writes shows), and
+holds out and lse to DESIGN.md's standard against the fp32 reference
+(reference.kvcache_attention). The caches after the append must equal the
+reference's: v bitwise, rotated k within one rounding, every other row untouched.
+"""
+
+import math
+
+import flashattn
+import pytest
+import torch
+import torch.nn.functional as F
+from _gpu import call_kernel
+from _standard import FWD_FACTOR, assert_lse, assert_standard
+from flashattn import reference
+from test_fwd_gpu import FAMILY_DTYPES, require
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture(autouse=True)
+def _exact_fp32_reference(monkeypatch):
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
+
+
+def poison_free_memory():
+    """Fill the caching allocator's free blocks with NaN: outputs it hands out next
+    start as NaN, so a row the kernel does not write fails the test."""
+    blocks = [torch.full((n,), float("nan"), device="cuda") for n in (1 << 16, 1 << 20, 1 << 24)]
+    del blocks
+
+
+def rotary_tables(seqlen, rotary_dim, dtype):
+    pos = torch.arange(seqlen, device="cuda", dtype=torch.float32)[:, None]
+    freq = 10000.0 ** (-torch.arange(0, rotary_dim, 2, device="cuda", dtype=torch.float32) / rotary_dim)
+    angles = pos * freq[None, :]
+    return angles.cos().to(dtype), angles.sin().to(dtype)
+
+
+def bits(t):
+    return t.view(torch.int16)
+
+
+class Case:
+    """One flash_attn_with_kvcache call: inputs, NaN-poisoned caches, and the reference."""
+
+    def __init__(self, family, dtype, *, b=3, s_q=1, s_cache=300, h=8, h_k=8, d=64, s_new=0, page=None,
+                 seqlens="random", leftpad=False, batch_idx=False, rotary_dim=0, interleaved=True, causal=False,
+                 window=(-1, -1), softcap=0.0, alibi=False, num_splits=0, seed=0):
+        self.fam = require(family, dtype, d)
+        g = torch.Generator("cuda").manual_seed(seed)
+        gc = torch.Generator().manual_seed(seed)
+        rand = lambda *shape: torch.randn(*shape, generator=g, device="cuda", dtype=dtype)
+        self.q = rand(b, s_q, h, d)
+        # Keys already cached per sequence: 0, full, and random ones between.
+        if seqlens == "random":
+            lengths = torch.randint(0, s_cache - s_new + 1, (b,), generator=gc)
+            lengths[0] = 0
+            if b > 1:
+                lengths[1] = s_cache - s_new
+        else:
+            lengths = torch.full((b,), int(seqlens))
+        self.lengths = lengths.tolist()
+        self.cache_seqlens = lengths.to(torch.int32).cuda() if seqlens == "random" else int(seqlens)
+        self.leftpad = None
+        if leftpad:
+            self.leftpad = torch.tensor([torch.randint(0, n + 1, (1,), generator=gc).item() for n in self.lengths],
+                                        dtype=torch.int32, device="cuda")
+        b_cache = b + 2 if batch_idx else b
+        self.batch_idx = None
+        if batch_idx:
+            self.batch_idx = torch.randperm(b_cache, generator=gc)[:b].to(torch.int32).cuda()
+        k_full, v_full = rand(b_cache, s_cache, h_k, d), rand(b_cache, s_cache, h_k, d)
+        # Rows a sequence does not use (past its keys and new keys, before its left pad) are NaN.
+        for i in range(b):
+            row = i if self.batch_idx is None else int(self.batch_idx[i])
+            end = self.lengths[i] + s_new
+            k_full[row, end:] = float("nan")
+            v_full[row, end:] = float("nan")
+            if self.leftpad is not None:
+                k_full[row, : int(self.leftpad[i])] = float("nan")
+                v_full[row, : int(self.leftpad[i])] = float("nan")
+        self.block_table = None
+        if page is not None:
+            pages_per_seq = math.ceil(s_cache / page)
+            num_pages = b * pages_per_seq + 3
+            perm = torch.randperm(num_pages, generator=gc)[: b * pages_per_seq]
+            self.block_table = perm.view(b, pages_per_seq).to(torch.int32).cuda()
+            self.k_cache = torch.full((num_pages, page, h_k, d), float("nan"), device="cuda", dtype=dtype)
+            self.v_cache = torch.full_like(self.k_cache, float("nan"))
+            padded = pages_per_seq * page
+            for i in range(b):
+                kp = F.pad(k_full[i], (0, 0, 0, 0, 0, padded - s_cache), value=float("nan"))
+                vp = F.pad(v_full[i], (0, 0, 0, 0, 0, padded - s_cache), value=float("nan"))
+                self.k_cache[self.block_table[i].long()] = kp.view(pages_per_seq, page, h_k, d)
+                self.v_cache[self.block_table[i].long()] = vp.view(pages_per_seq, page, h_k, d)
+        else:
+            self.k_cache, self.v_cache = k_full, v_full
+        self.k = self.v = None
+        if s_new:
+            self.k, self.v = rand(b, s_new, h_k, d), rand(b, s_new, h_k, d)
+        self.cos = self.sin = None
+        if rotary_dim:
+            capacity = s_cache if page is None else self.block_table.shape[1] * page
+            self.cos, self.sin = rotary_tables(capacity, rotary_dim, dtype)
+        self.alibi = torch.rand(h, device="cuda") * 0.3 if alibi else None
+        self.kwargs = {
+            "softmax_scale": 1.0 / math.sqrt(d), "causal": causal, "window_size": window, "softcap": softcap,
+            "alibi_slopes": self.alibi,
+        }
+        self.interleaved = interleaved
+        self.num_splits = num_splits
+
+    def call_args(self):
+        return dict(k=self.k, v=self.v, rotary_cos=self.cos, rotary_sin=self.sin, cache_seqlens=self.cache_seqlens,
+                    cache_batch_idx=self.batch_idx, cache_leftpad=self.leftpad, block_table=self.block_table,
+                    rotary_interleaved=self.interleaved, **self.kwargs)
+
+    def run(self):
+        k_before, v_before = self.k_cache.clone(), self.v_cache.clone()
+        poison_free_memory()
+        out, lse = call_kernel(
+            flashattn.flash_attn_with_kvcache, self.q, self.k_cache, self.v_cache, **self.call_args(),
+            num_splits=self.num_splits, return_softmax_lse=True, family=self.fam,
+        )
+        ref = self.reference(k_before, v_before, upcast=True)
+        lowp = self.reference(k_before, v_before, upcast=False)
+        assert_standard("out", out, ref[0], lowp[0], FWD_FACTOR)
+        assert_lse(lse, ref[1], lowp[1].float())
+        # The caches: v bitwise, k within one rounding of the rotation, the rest untouched.
+        k_expect, v_expect = lowp[2], lowp[3]
+        assert torch.equal(bits(self.v_cache), bits(v_expect)), "v_cache differs from the reference's append"
+        if self.cos is None:
+            assert torch.equal(bits(self.k_cache), bits(k_expect)), "k_cache differs from the reference's append"
+        else:
+            changed = bits(k_expect) != bits(k_before)
+            assert torch.equal(bits(self.k_cache)[~changed], bits(k_before)[~changed]), "rows outside the append changed"
+            torch.testing.assert_close(self.k_cache[changed], k_expect[changed], atol=2e-2, rtol=1e-2)
+        return out, lse
+
+    def reference(self, k_before, v_before, upcast):
+        cast = (lambda t: None if t is None else t.float()) if upcast else (lambda t: t)
+        k_cache, v_cache = k_before.clone(), v_before.clone()
+        kc, vc = cast(k_cache), cast(v_cache)
+        out, lse = reference.kvcache_attention(
+            cast(self.q), kc, vc, cast(self.k), cast(self.v), cast(self.cos), cast(self.sin), self.cache_seqlens,
+            self.batch_idx, self.leftpad, self.block_table, rotary_interleaved=self.interleaved, upcast=upcast,
+            **self.kwargs,
+        )
+        # The low-precision reference appends in the cache dtype: the expected caches.
+        return out, lse, k_cache if upcast else kc, v_cache if upcast else vc
+
+
+CASES = {
+    "decode": {},
+    "decode_gqa4": {"h": 8, "h_k": 2},
+    "decode_mqa": {"h": 8, "h_k": 1, "s_cache": 1000},
+    "append1": {"s_new": 1, "causal": True},
+    "append5_causal_gqa": {"s_q": 5, "s_new": 5, "h_k": 2, "causal": True},
+    "prefill_into_cache": {"s_q": 70, "s_new": 70, "causal": True, "s_cache": 200},
+    "paged16": {"page": 16, "s_new": 3, "s_q": 3, "causal": True, "h_k": 4},
+    "paged256_decode": {"page": 256, "s_cache": 700, "s_new": 1, "h_k": 2},
+    "paged48_odd_page": {"page": 48, "s_new": 2, "s_q": 2},
+    "leftpad": {"leftpad": True, "s_new": 2, "s_q": 2, "causal": True},
+    "batch_idx": {"batch_idx": True, "s_new": 1},
+    "window": {"window": (40, 0), "s_new": 1, "h_k": 2},
+    "softcap_alibi": {"softcap": 15.0, "alibi": True, "s_new": 2, "s_q": 2, "causal": True},
+    "int_seqlens": {"seqlens": 123, "s_new": 4, "s_q": 4},
+    "whole_cache": {"seqlens": None, "s_cache": 129},
+}
+
+
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("family, dtype", FAMILY_DTYPES)
+def test_kvcache(family, dtype, d, case):
+    opts = dict(CASES[case])
+    seqlens = opts.pop("seqlens", "random")
+    if seqlens is None:  # attend to the whole cache: no cache_seqlens
+        c = Case(family, dtype, d=d, seqlens=opts.get("s_cache", 300), **opts)
+        c.cache_seqlens = None
+        c.run()
+    else:
+        Case(family, dtype, d=d, seqlens=seqlens, **opts).run()
+
+
+@pytest.mark.parametrize("num_splits", [1, 2, 7, 0])
+@pytest.mark.parametrize("family, dtype", FAMILY_DTYPES)
+def test_kvcache_splits(family, dtype, num_splits):
+    # Long caches, b = 1: the heuristic splits; forced counts must agree with it.
+    Case(family, dtype, b=2, h=16, h_k=4, s_cache=3000, s_new=1, num_splits=num_splits, page=64).run()
+    Case(family, dtype, b=1, s_q=4, h=8, h_k=8, s_cache=2000, s_new=4, causal=True, num_splits=num_splits).run()
+
+
+@pytest.mark.parametrize("rotary_dim", [16, 32, 64])
+@pytest.mark.parametrize("interleaved", [True, False])
+@pytest.mark.parametrize("family, dtype", FAMILY_DTYPES)
+def test_kvcache_rotary(family, dtype, interleaved, rotary_dim):
+    Case(family, dtype, d=64, s_new=3, s_q=3, causal=True, rotary_dim=rotary_dim, interleaved=interleaved,
+         h_k=2).run()
+    Case(family, dtype, d=64, s_new=1, rotary_dim=rotary_dim, interleaved=interleaved, page=16).run()
+
+
+def test_rotary_against_complex_multiplication():
+    # An independent rotary: pairs as complex numbers times e^(i angle).
+    torch.manual_seed(0)
+    x = torch.randn(2, 5, 3, 32, dtype=torch.float64)
+    cos, sin = rotary_tables(20, 32, torch.float32)
+    cos, sin = cos.cpu().double(), sin.cpu().double()
+    pos = torch.randint(0, 20, (2, 5))
+    rot = torch.complex(cos[pos], sin[pos])[:, :, None]
+    inter = torch.view_as_real(torch.view_as_complex(x.view(2, 5, 3, 16, 2)) * rot).flatten(-2)
+    torch.testing.assert_close(reference.apply_rotary(x, cos, sin, pos, True), inter)
+    halves = torch.complex(x[..., :16], x[..., 16:]) * rot
+    torch.testing.assert_close(reference.apply_rotary(x, cos, sin, pos, False),
+                               torch.cat((halves.real, halves.imag), -1))
+
+
+@pytest.mark.parametrize("family, dtype", FAMILY_DTYPES)
+def test_decode_through_flash_attn_func(family, dtype):
+    # s_q = 1 over a long cache: GQA packing and split-KV in the plain forward.
+    fam = require(family, dtype, 128)
+    g = torch.Generator("cuda").manual_seed(3)
+    for b, s_k, h, h_k, causal in ((1, 4096, 32, 8, True), (8, 2048, 32, 8, False), (2, 777, 8, 8, True)):
+        q = torch.randn(b, 1, h, 128, generator=g, device="cuda", dtype=dtype)
+        k = torch.randn(b, s_k, h_k, 128, generator=g, device="cuda", dtype=dtype)
+        v = torch.randn(b, s_k, h_k, 128, generator=g, device="cuda", dtype=dtype)
+        poison_free_memory()
+        out, lse, _ = call_kernel(flashattn.flash_attn_func, q, k, v, causal=causal, return_attn_probs=True,
+                                  family=fam)
+        ref = reference.attention(q.float(), k.float(), v.float(), causal=causal)
+        lowp = reference.attention(q, k, v, causal=causal, upcast=False)
+        assert_standard("out", out, ref[0], lowp[0], FWD_FACTOR)
+        assert_lse(lse, ref[1], lowp[1].float())
+
+
+@pytest.mark.parametrize("page", [None, 16, 256])
+@pytest.mark.parametrize("family, dtype", FAMILY_DTYPES)
+def test_varlen_over_a_cache(family, dtype, page):
+    # flash_attn_varlen_func with seqused_k (and pages): paged prefill as serving engines run it.
+    fam = require(family, dtype, 64)
+    g = torch.Generator("cuda").manual_seed(5)
+    gc = torch.Generator().manual_seed(5)
+    lengths_q = [3, 0, 64, 1]
+    used = [40, 7, 300, 1]
+    b, h, h_k, d = len(used), 8, 2, 64
+    q = torch.randn(sum(lengths_q), h, d, generator=g, device="cuda", dtype=dtype)
+    cu_q = F.pad(torch.tensor(lengths_q, device="cuda").cumsum(0, dtype=torch.int32), (1, 0))
+    seqused = torch.tensor(used, dtype=torch.int32, device="cuda")
+    if page is None:
+        rows = [u + 5 for u in used]  # cu_seqlens_k spans more rows than are used
+        k = torch.randn(sum(rows), h_k, d, generator=g, device="cuda", dtype=dtype)
+        v = torch.randn_like(k)
+        cu_k = F.pad(torch.tensor(rows, device="cuda").cumsum(0, dtype=torch.int32), (1, 0))
+        for i in range(b):
+            k[int(cu_k[i]) + used[i] : int(cu_k[i + 1])] = float("nan")
+        table = None
+    else:
+        pages = max(math.ceil(u / page) for u in used)
+        num_pages = b * pages + 2
+        table = torch.randperm(num_pages, generator=gc)[: b * pages].view(b, pages).to(torch.int32).cuda()
+        k = torch.randn(num_pages, page, h_k, d, generator=g, device="cuda", dtype=dtype)
+        v = torch.randn_like(k)
+        cu_k = F.pad(torch.tensor(used, device="cuda").cumsum(0, dtype=torch.int32), (1, 0))
+    poison_free_memory()
+    out, lse, _ = call_kernel(
+        flashattn.flash_attn_varlen_func, q, k, v, cu_q, cu_k, max(lengths_q), max(used), causal=True,
+        return_attn_probs=True, block_table=table, seqused_k=seqused, family=fam,
+    )
+    cast = lambda t: t.float()
+    ref = reference.varlen_cache_attention(cast(q), cast(k), cast(v), cu_q, cu_k, seqused, table, causal=True)
+    lowp = reference.varlen_cache_attention(q, k, v, cu_q, cu_k, seqused, table, causal=True, upcast=False)
+    assert_standard("out", out, ref[0], lowp[0], FWD_FACTOR)
+    assert_lse(lse, ref[1], lowp[1].float())
+
+
+def test_decode_loop_in_a_cuda_graph():
+    # cache_seqlens on the device, no host sync, no allocation that changes size: a
+    # decode step captured once and replayed must equal eager steps.
+    require("sm80", torch.bfloat16, 128)
+    b, h, h_k, d, s_cache, page = 2, 16, 4, 128, 512, 16
+    g = torch.Generator("cuda").manual_seed(9)
+    pages = s_cache // page
+    table = torch.arange(b * pages, dtype=torch.int32, device="cuda").view(b, pages)
+    k_cache = torch.randn(b * pages, page, h_k, d, generator=g, device="cuda", dtype=torch.bfloat16)
+    v_cache = torch.randn_like(k_cache)
+    seqlens = torch.tensor([10, 100], dtype=torch.int32, device="cuda")
+    steps = [tuple(torch.randn(b, 1, heads, d, generator=g, device="cuda", dtype=torch.bfloat16)
+                   for heads in (h, h_k, h_k)) for _ in range(4)]
+    q_in, k_in, v_in = (torch.empty_like(t) for t in steps[0])
+
+    def step():
+        out = flashattn.flash_attn_with_kvcache(q_in, k_cache, v_cache, k_in, v_in, cache_seqlens=seqlens,
+                                                block_table=table, causal=True)
+        seqlens.add_(1)
+        return out
+
+    k_eager, v_eager, lens_eager = k_cache.clone(), v_cache.clone(), seqlens.clone()
+    eager = []
+    for q, k, v in steps:
+        eager.append(flashattn.flash_attn_with_kvcache(q, k_eager, v_eager, k, v, cache_seqlens=lens_eager,
+                                                       block_table=table, causal=True))
+        lens_eager += 1
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):  # warm up (first-call opt-ins) outside the capture
+        for t, src in zip((q_in, k_in, v_in), steps[0]):
+            t.copy_(src)
+        k_warm, v_warm, lens_warm = k_cache.clone(), v_cache.clone(), seqlens.clone()
+        flashattn.flash_attn_with_kvcache(q_in, k_warm, v_warm, k_in, v_in, cache_seqlens=lens_warm,
+                                          block_table=table, causal=True)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out_static = step()
+    for i, (q, k, v) in enumerate(steps):
+        for t, src in zip((q_in, k_in, v_in), (q, k, v)):
+            t.copy_(src)
+        graph.replay()
+        assert torch.equal(out_static, eager[i]), f"step {i}: graph replay differs from eager"
+    assert torch.equal(k_cache, k_eager) and torch.equal(v_cache, v_eager)
+
+
+def test_kvcache_compiles_fullgraph():
+    require("sm80", torch.bfloat16, 64)
+    g = torch.Generator("cuda").manual_seed(2)
+    q = torch.randn(2, 1, 8, 64, generator=g, device="cuda", dtype=torch.bfloat16)
+    k_cache = torch.randn(2, 64, 2, 64, generator=g, device="cuda", dtype=torch.bfloat16)
+    v_cache = torch.randn_like(k_cache)
+    k, v = (torch.randn(2, 1, 2, 64, generator=g, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    seqlens = torch.tensor([5, 30], dtype=torch.int32, device="cuda")
+
+    def fn(q, k_cache, v_cache, k, v, seqlens):
+        return flashattn.flash_attn_with_kvcache(q, k_cache, v_cache, k, v, cache_seqlens=seqlens, causal=True)
+
+    kc_eager, vc_eager = k_cache.clone(), v_cache.clone()
+    eager = fn(q, kc_eager, vc_eager, k, v, seqlens)
+    compiled = torch.compile(fn, fullgraph=True)(q, k_cache, v_cache, k, v, seqlens)
+    assert torch.equal(eager, compiled)
+    assert torch.equal(k_cache, kc_eager) and torch.equal(v_cache, vc_eager), "the compiled call lost the append"
+
+
+@pytest.mark.parametrize("bad, match", [
+    ({"cache_seqlens": 64}, "do not fit"),
+    ({"rotary_cos": "odd"}, "multiple of 16"),
+    ({"block_table": "int64"}, "block_table has dtype"),
+    ({"num_splits": -1}, "num_splits"),
+    ({"cache_leftpad": "with_pages"}, "cache_leftpad is not supported"),
+])
+def test_kvcache_errors_on_the_gpu(bad, match):
+    require("sm80", torch.bfloat16, 64)
+    q = torch.randn(2, 1, 4, 64, device="cuda", dtype=torch.bfloat16)
+    k_cache = torch.randn(2, 64, 2, 64, device="cuda", dtype=torch.bfloat16)
+    v_cache = torch.randn_like(k_cache)
+    k, v = (torch.randn(2, 1, 2, 64, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    kwargs = {"k": k, "v": v, "cache_seqlens": torch.tensor([1, 2], dtype=torch.int32, device="cuda")}
+    kwargs.update(bad)
+    if bad.get("rotary_cos") == "odd":
+        kwargs["rotary_cos"], kwargs["rotary_sin"] = rotary_tables(64, 24, torch.bfloat16)
+    if bad.get("block_table") == "int64":
+        kwargs["block_table"] = torch.zeros(2, 4, dtype=torch.int64, device="cuda")
+    if bad.get("cache_leftpad") == "with_pages":
+        kwargs["cache_leftpad"] = torch.zeros(2, dtype=torch.int32, device="cuda")
+        kwargs["block_table"] = torch.zeros(2, 4, dtype=torch.int32, device="cuda")
+    with pytest.raises(RuntimeError, match=match):
+        flashattn.flash_attn_with_kvcache(q, k_cache, v_cache, **kwargs)
