@@ -4,6 +4,8 @@
 #                                          arch (pip install .), then test
 #   FLASHATTN_PREBUILT=1 bash scripts/...  use the extension already placed in
 #                                          python/flashattn/ (built elsewhere)
+#   FLASHATTN_INSTALLED=1 bash scripts/... test the flashattn installed in the
+#                                          Python (e.g. a release wheel), not the tree
 # Extra pytest arguments go in PYTEST_ARGS (e.g. "--slow" for the full grid).
 # SMEM99_SUITE=1 runs the suite a second time under FLASHATTN_MAX_SMEM_KB=99.
 set -euo pipefail
@@ -12,7 +14,9 @@ LOG_DIR=${LOG_DIR:-gpu-logs}
 mkdir -p "$LOG_DIR"
 PY=${PYTHON:-python3}
 
-if [ -z "${FLASHATTN_PREBUILT:-}" ]; then
+if [ -n "${FLASHATTN_INSTALLED:-}" ]; then
+  :  # tests/conftest.py imports the installed package before the source tree
+elif [ -z "${FLASHATTN_PREBUILT:-}" ]; then
   # Every family for this GPU's arch, so one GPU tests every code path.
   export FLASHATTN_FAMILIES=${FLASHATTN_FAMILIES:-"sm70;sm75;sm80"}
   export CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}
@@ -22,7 +26,7 @@ else
 fi
 
 nvidia-smi --query-gpu=name,driver_version,compute_cap --format=csv | tee "$LOG_DIR/device.txt"
-$PY -c "import torch, json, flashattn; print(torch.__version__, torch.version.cuda); print(json.dumps(flashattn.build_info(), indent=1))" \
+$PY -c "import torch, json, flashattn; print(torch.__version__, torch.version.cuda, flashattn.__file__); print(json.dumps(flashattn.build_info(), indent=1))" \
   | tee -a "$LOG_DIR/device.txt"
 set +e
 $PY -m pytest -q -m gpu -rs tests ${PYTEST_ARGS:-} 2>&1 | tee "$LOG_DIR/pytest.log"
