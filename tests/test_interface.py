@@ -223,3 +223,24 @@ def test_forward_mode_ad_is_not_silently_dropped():
         except (RuntimeError, NotImplementedError):
             return
         assert fwAD.unpack_dual(out).tangent is not None
+
+
+def test_import_does_not_load_dynamo():
+    # torch._dynamo takes ~1.2 s to import; `import flashattn` must not pull it in.
+    import subprocess
+    import sys
+
+    code = "import sys, flashattn; print('torch._dynamo' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env={**__import__("os").environ, "PYTHONPATH": ":".join(sys.path)})
+    assert out.stdout.strip() == "False", out.stdout + out.stderr
+
+
+def test_dispatch_is_a_compile_constant():
+    # _dispatch marks cuda_family_and_head_dims as assume_constant_result does, by hand
+    # (the decorator imports dynamo): the attribute must still be what it sets.
+    from flashattn import _dispatch
+
+    marked = torch.compiler.assume_constant_result(lambda: 0)
+    assert getattr(marked, "_dynamo_marked_constant", None) is True
+    assert _dispatch.cuda_family_and_head_dims._dynamo_marked_constant is True

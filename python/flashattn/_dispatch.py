@@ -134,9 +134,11 @@ def _no_family_message(wanted: list[int], forced: bool, cc: int, name: str, info
     families = info.get("families") or {}
     cuda_major = str(info.get("cuda_version") or "").split(".")[0]
     if wanted == [70] and "sm70" not in families and cuda_major.isdigit() and int(cuda_major) >= 13:
+        version = str(info.get("version") or "").split("+")[0] or "<version>"
         return (
             f"this build has no sm70 family (CUDA 13 cannot target sm_70), so it cannot run"
-            f" on {name}; install the CUDA 12 wheel of flashattn (with a cu126 torch)"
+            f" on {name}; install the CUDA 12 wheel of flashattn"
+            f" (flashattn-{version}+cu12-py3-none-manylinux_2_28_x86_64.whl) with a cu126 torch"
         )
     what = f"family sm{wanted[0]}" if forced else "kernel family"
     fix = (
@@ -245,7 +247,6 @@ def head_dim_bucket(head_dim: int, head_dims) -> int | None:
 _dispatch_cache: dict = {}
 
 
-@torch.compiler.assume_constant_result
 def cuda_family_and_head_dims(device: torch.device, dtype: torch.dtype, family) -> tuple:
     """(family, built head-dim buckets) for a CUDA call.
 
@@ -265,3 +266,9 @@ def cuda_family_and_head_dims(device: torch.device, dtype: torch.dtype, family) 
         if key is not None:
             _dispatch_cache[key] = found
     return found
+
+
+# One constant under torch.compile: what torch.compiler.assume_constant_result(fn) does
+# (it sets this attribute), without importing torch._dynamo, which the decorator does
+# and which costs 1.2 s at `import flashattn` (tests/test_interface.py checks both).
+cuda_family_and_head_dims._dynamo_marked_constant = True
