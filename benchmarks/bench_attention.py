@@ -162,6 +162,9 @@ def build_parser():
                         "(their gradients summed back by autograd), as a user would call them")
     p.add_argument("--deterministic", action="store_true",
                    help="flashattn's deterministic backward (SDPA backends are unaffected)")
+    p.add_argument("--dropout", type=float, default=0.0,
+                   help="attention dropout probability for every implementation (the "
+                        "output check is skipped: the masks differ)")
     p.add_argument("--family", choices=("auto", "sm70", "sm75", "sm80"), default="auto",
                    help="flashattn kernel family (auto: the device's); must be in the build")
     p.add_argument("--impls", type=_impl_list, default=list(IMPLS),
@@ -201,6 +204,10 @@ def resolve_args(args):
     for d in args.hdim:
         if d <= 0 or d > MODEL_DIM:
             raise SystemExit(f"bench_attention.py: --hdim {d} out of range")
+    if not 0.0 <= args.dropout < 1.0:
+        raise SystemExit(f"bench_attention.py: --dropout {args.dropout} out of [0, 1)")
+    if args.dropout > 0:
+        args.check = False
     if args.gqa < 1 or any((MODEL_DIM // d) % args.gqa for d in args.hdim):
         raise SystemExit(f"bench_attention.py: --gqa {args.gqa} must divide every heads count")
     for s in args.seqlen:
@@ -289,6 +296,7 @@ def collect_meta(torch, args, fa_mod, fa_info, fa_err):
         "impls": args.impls,
         "gqa": args.gqa,
         "deterministic": args.deterministic,
+        "dropout_p": args.dropout,
         "layouts": {"flashattn": "(b, s, h, d) contiguous", "sdpa": "(b, h, s, d) contiguous"},
         "peak_mem": "max_memory_allocated over one call (fwd, or fwd+bwd) minus what was "
                     "allocated before the implementation's inputs were made: inputs, grads, "
@@ -321,7 +329,7 @@ def _context_alive(torch):
         return False
 
 
-def make_runner(torch, impl, base, mode, causal, family, gqa=1, deterministic=False):
+def make_runner(torch, impl, base, mode, causal, family, gqa=1, deterministic=False, dropout_p=0.0):
     """Inputs in the implementation's native layout, and the callable to time.
 
     base: dict of (b, s, h, d) tensors q, k, v, g made once per shape.
@@ -332,7 +340,7 @@ def make_runner(torch, impl, base, mode, causal, family, gqa=1, deterministic=Fa
         import flashattn
         q, k, v = (base[n].clone().requires_grad_(bwd) for n in "qkv")
         g = base["g"].clone() if bwd else None
-        kwargs = {"causal": causal, "deterministic": deterministic}
+        kwargs = {"causal": causal, "deterministic": deterministic, "dropout_p": dropout_p}
         if family != "auto":
             kwargs["family"] = family
 
@@ -359,8 +367,8 @@ def make_runner(torch, impl, base, mode, causal, family, gqa=1, deterministic=Fa
             kk, vv = (k, v) if gqa == 1 else (t.repeat_interleave(gqa, dim=1) for t in (k, v))
             with sdpa_kernel([backend]):
                 if lower_right:
-                    return F.scaled_dot_product_attention(q, kk, vv, attn_mask=mask)
-                return F.scaled_dot_product_attention(q, kk, vv, is_causal=causal)
+                    return F.scaled_dot_product_attention(q, kk, vv, attn_mask=mask, dropout_p=dropout_p)
+                return F.scaled_dot_product_attention(q, kk, vv, is_causal=causal, dropout_p=dropout_p)
 
         def to_bhsd(o):
             return o
@@ -377,7 +385,7 @@ def make_runner(torch, impl, base, mode, causal, family, gqa=1, deterministic=Fa
 
 
 def bench_one(torch, do_bench, impl, base, mode, causal, family, flops, gqa=1,
-              deterministic=False):
+              deterministic=False, dropout_p=0.0):
     """Returns (result dict, forward output in (b, h, s, d) or None)."""
     res = {"tflops": None, "ms": None, "peak_mem_bytes": None, "error": None}
     out_ref = None
@@ -387,7 +395,7 @@ def bench_one(torch, do_bench, impl, base, mode, causal, family, flops, gqa=1,
         before = torch.cuda.memory_allocated()
         torch.cuda.reset_peak_memory_stats()
         fn, leaves, to_bhsd = make_runner(torch, impl, base, mode, causal, family, gqa,
-                                          deterministic)
+                                          deterministic, dropout_p)
         # First call: surfaces "unsupported" errors and warms up (a backend's first
         # call may allocate one-time state); the second measures peak memory.
         out = fn()
@@ -609,7 +617,7 @@ def main(argv=None):
                   f"families: {meta['flashattn_families']}, family: {args.family}"
                   + (f" ({fa_err})" if fa_err else ""))
     print(f"git {meta['git_commit']}; timer {meta['timer']}; {meta['grid']}; "
-          f"TFLOP/s: {meta['flops']}", flush=True)
+          f"TFLOP/s: {meta['flops']}" + (f"; dropout_p {args.dropout}" if args.dropout else ""), flush=True)
     print(table_header(args.impls, args.memory), flush=True)
 
     dtypes = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -696,7 +704,7 @@ def run_config(torch, do_bench, args, run_order, mode, causal, dname, dtype, hdi
                                     "error": f"not importable: {fa_err}"}
             continue
         res, out = bench_one(torch, do_bench, impl, base, mode, causal, args.family, flops,
-                             gqa, args.deterministic)
+                             gqa, args.deterministic, args.dropout)
         row["results"][impl] = res
         if out is None:
             continue

@@ -7,7 +7,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from . import _dispatch, _ops
+from . import _dispatch, _ops, reference
 from ._checks import (
     HEAD_DIM_MULTIPLE,
     aligned_for_kernels,
@@ -145,7 +145,7 @@ def _attention(
     family,
 ):
     window_left, window_right = check_window_size(window_size)
-    rng_state = _draw_rng_state(dropout_p)
+    rng_state = _draw_rng_state(dropout_p, q)
     check_fwd(
         q,
         k,
@@ -185,7 +185,17 @@ def _attention(
             out, lse = _fwd_op(*args, family)
     if pad:
         out = out[..., :head_dim]
-    return (out, lse, None) if return_attn_probs else out
+    if not return_attn_probs:
+        return out
+    probs = None
+    if rng_state is not None:
+        with torch.no_grad():
+            probs = reference.dropout_attn_probs(
+                q[..., :head_dim], k[..., :head_dim], softmax_scale, causal, (window_left, window_right), softcap,
+                alibi_slopes, dropout_p, rng_state, _get_block_size_n(q.device, head_dim, True, causal),
+                _paired_row_stride(family),
+            )
+    return out, lse, probs
 
 
 def _kernel_inputs(q, k, v, family):
@@ -212,12 +222,38 @@ def _kernel_inputs(q, k, v, family):
     return q, k, v, family, pad
 
 
-def _draw_rng_state(dropout_p):
-    """[seed, offset] for the op when dropout is on; drawn with torch ops so that
-    torch.compile traces it."""
+def _draw_rng_state(dropout_p, like):
+    """[seed, offset] for the op when dropout is on: an int64 tensor on ``like``'s
+    device, drawn from torch's generator of that device (torch.manual_seed reproduces
+    it), by a torch op (torch.compile traces it; a CUDA graph draws anew at every
+    replay, and the kernels read it from device memory)."""
     if dropout_p and is_real(dropout_p) and dropout_p > 0:
-        return torch.randint(0, 2**62, (2,), dtype=torch.int64)
+        device = like.device if isinstance(like, torch.Tensor) else None
+        return torch.randint(0, 2**63 - 1, (2,), dtype=torch.int64, device=device)
     return None
+
+
+def _get_block_size_n(device, head_dim, is_dropout, is_causal):
+    """The key-block size of flash_attn 2.x's kernels, which its S_dmask encoding
+    (return_attn_probs with dropout) depends on: flashattn's S_dmask uses the same
+    blocks (reference.dropout_attn_probs), so flash_attn's tests decode it unchanged."""
+    major, minor = torch.cuda.get_device_capability(device) if torch.device(device).type == "cuda" else (8, 0)
+    if head_dim <= 32:
+        return 128
+    if head_dim <= 64:
+        return 64 if is_dropout else 128
+    if head_dim <= 96:
+        return 64
+    if head_dim <= 128:
+        if major == 8 and minor > 0:
+            return 64 if (not is_dropout and is_causal) else 32
+        return 32 if is_dropout else 64
+    return 64
+
+
+def _paired_row_stride(family: int) -> int:
+    """The dropout mask's row pairing of a kernel family (kernel/dropout.h)."""
+    return 2 if family == 70 else 8
 
 
 def flash_attn_func(
@@ -246,8 +282,13 @@ def flash_attn_func(
     flash_attn) forces a kernel family: "sm70", "sm75", "sm80" (or 70/75/80); the
     environment variable FLASHATTN_FAMILY does the same.
 
-    Returns out (b, s_q, h, d), or (out, softmax_lse (b, h, s_q) fp32, None) with
-    return_attn_probs (attention probabilities are never materialised).
+    dropout_p > 0 drops attention probabilities (the CUDA kernels and the CPU path
+    draw the same mask from torch's generator of q's device; docs/ops.md).
+
+    Returns out (b, s_q, h, d), or with return_attn_probs (out, softmax_lse (b, h, s_q)
+    fp32, S_dmask): S_dmask is None without dropout (the probabilities are never
+    materialised), and with dropout flash_attn's testing encoding of the
+    probabilities and the dropout pattern (negative = dropped; docs/ops.md).
     """
     return _attention(
         q,
@@ -432,7 +473,7 @@ def _varlen_attention(
         )
     window_left, window_right = check_window_size(window_size)
     max_seqlen_q, max_seqlen_k = _as_int(max_seqlen_q), _as_int(max_seqlen_k)
-    rng_state = _draw_rng_state(dropout_p)
+    rng_state = _draw_rng_state(dropout_p, q)
     check_varlen(
         q,
         k,
@@ -479,7 +520,17 @@ def _varlen_attention(
             out, lse = _varlen_fwd_op(*args, family)
     if pad:
         out = out[..., :head_dim]
-    return (out, lse, None) if return_attn_probs else out
+    if not return_attn_probs:
+        return out
+    probs = None
+    if rng_state is not None:
+        with torch.no_grad():
+            probs = reference.varlen_dropout_attn_probs(
+                q[..., :head_dim], k[..., :head_dim], cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                softmax_scale, causal, (window_left, window_right), softcap, alibi_slopes, dropout_p, rng_state,
+                _get_block_size_n(q.device, head_dim, True, causal), _paired_row_stride(family),
+            )
+    return out, lse, probs
 
 
 def _varlen_cache_attention(
@@ -553,7 +604,8 @@ def flash_attn_varlen_func(
     page), instead of cu_seqlens_k's differences. Any page size works.
 
     Returns out (total_q, h, d), or with return_attn_probs (out, softmax_lse
-    (h, total_q) fp32, None) — flash_attn 2.x's varlen lse layout.
+    (h, total_q) fp32, S_dmask) — flash_attn 2.x's varlen lse layout; S_dmask as
+    flash_attn_func's, (b, h, max_seqlen_q, max_seqlen_k) rounded up to 128.
     """
     return _varlen_attention(
         q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,

@@ -22,6 +22,9 @@ __all__ = [
     "apply_rotary",
     "attention",
     "attention_bwd",
+    "dropout_attn_probs",
+    "dropout_keep_mask",
+    "dropout_keep_rate",
     "kvcache_attention",
     "varlen_attention",
     "varlen_attention_bwd",
@@ -95,16 +98,79 @@ def _scores(q, k, scale, softcap, alibi_slopes, visible):
     return scores.masked_fill(~visible, -math.inf), capped_tanh
 
 
-def _dropout_scale(rng_state, dropout_p, shape, dtype, device):
-    """Keep-mask / (1 - p), drawn reproducibly from rng_state = [seed, offset].
+_MASK32 = 0xFFFFFFFF
 
-    CPU generators have no Philox offset, so the offset is folded into the seed; the
-    mask is drawn on the CPU so that it is the same whatever the tensors' device.
-    """
-    seed, offset = (int(x) for x in rng_state.tolist())
-    generator = torch.Generator().manual_seed((seed * 0x9E3779B97F4A7C15 + offset) % 2**64)
-    keep = torch.rand(shape, generator=generator) >= dropout_p
-    return (keep.to(dtype) / (1.0 - dropout_p)).to(device)
+
+def _mulhilo32(a: torch.Tensor, m: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(high, low) 32-bit words of a * m for int64 tensors a in [0, 2^32) and m < 2^32,
+    in int64 arithmetic (the product can exceed 2^63: m is split in 16-bit halves)."""
+    p_lo = a * (m & 0xFFFF)
+    p_hi = a * (m >> 16)
+    low = p_lo + ((p_hi & 0xFFFF) << 16)
+    return (p_hi >> 16) + (low >> 32), low & _MASK32
+
+
+def philox4x32(
+    key: tuple[torch.Tensor, torch.Tensor], counter: list[torch.Tensor], rounds: int = 7
+) -> list[torch.Tensor]:
+    """Philox4x32 (7 rounds in kernel/dropout.h), elementwise on int64 tensors holding
+    32-bit words: key (k0, k1), counter [c0, c1, c2, c3]; returns 4 words."""
+    k0, k1 = key
+    c0, c1, c2, c3 = counter
+    for _ in range(rounds):
+        hi0, lo0 = _mulhilo32(c0, 0xD2511F53)
+        hi1, lo1 = _mulhilo32(c2, 0xCD9E8D57)
+        c0, c1, c2, c3 = hi1 ^ c1 ^ k0, lo1, hi0 ^ c3 ^ k1, lo0
+        k0, k1 = (k0 + 0x9E3779B9) & _MASK32, (k1 + 0xBB67AE85) & _MASK32
+    return [c0, c1, c2, c3]
+
+
+def dropout_keep_rate(dropout_p: float) -> float:
+    """The probability that the kernels keep an element: 1 - p to 1/8192
+    (round((1 - p) 4096) / 4096)."""
+    return round((1.0 - dropout_p) * 4096) / 4096
+
+
+def dropout_keep_mask(
+    rng_state: torch.Tensor,
+    batch: int,
+    heads: int,
+    seqlen_q: int,
+    seqlen_k: int,
+    dropout_p: float,
+    paired_row_stride: int = 8,
+) -> torch.Tensor:
+    """Bool (batch, heads, seqlen_q, seqlen_k): the CUDA kernels' dropout mask (True =
+    kept) for rng_state = int64 [seed, offset], bit for bit (include/flashattn/kernel/
+    dropout.h defines it). ``paired_row_stride`` is the kernel family's: 8 for sm75 and
+    sm80 (and the CPU path), 2 for sm70. Computed on rng_state's device, without
+    reading it on the host (so it can be captured in a CUDA graph)."""
+    dev = rng_state.device
+    s = paired_row_stride
+    i = torch.arange(seqlen_q, device=dev)
+    j = torch.arange(seqlen_k, device=dev)
+    bh = torch.arange(batch * heads, device=dev).view(batch, heads, 1, 1)
+    # seed + offset + b * heads + h, wrapping at 2^64 as the kernels' uint64 does
+    base = rng_state[0] + rng_state[1] + bh
+    group = (j // 8).view(1, 1, 1, -1)
+    row_pair = ((i // (2 * s)) * s + i % s).view(1, 1, -1, 1)
+    shape = (batch, heads, seqlen_q, seqlen_k)
+    zero = torch.zeros((), dtype=torch.int64, device=dev)
+    x = philox4x32((zero, zero), [c.expand(shape) for c in (group, row_pair, base & _MASK32, (base >> 32) & _MASK32)])
+    byte = ((j % 8) // 2 * 4).view(1, -1) + ((i // s) % 2 * 2).view(-1, 1) + (j % 2).view(1, -1)
+    words = torch.stack(x, dim=-1)  # (..., 4) 32-bit words
+    word = torch.gather(words, -1, (byte // 4).expand(shape).unsqueeze(-1)).squeeze(-1)
+    u = (word >> ((byte % 4) * 8)) & 0xFF
+    keep16 = round((1.0 - dropout_p) * 4096)
+    threshold = keep16 // 16 + (byte < keep16 % 16).to(torch.int64)
+    return u < threshold
+
+
+def _dropout_scale(rng_state, dropout_p, shape, dtype, paired_row_stride):
+    """The kept elements' factor: mask / (1 - p), in the compute dtype."""
+    b, h, s_q, s_k = shape
+    keep = dropout_keep_mask(rng_state, b, h, s_q, s_k, dropout_p, paired_row_stride)
+    return keep.to(dtype) / (1.0 - dropout_p)
 
 
 def _prepare(q, k, v, softmax_scale, causal, window_size, softcap, alibi_slopes, dtype):
@@ -136,6 +202,7 @@ def attention(
     dropout_p: float = 0.0,
     rng_state: torch.Tensor | None = None,
     upcast: bool = True,
+    paired_row_stride: int = 8,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Attention forward. Returns (out like q, softmax_lse (b, h, s_q)).
 
@@ -143,7 +210,9 @@ def attention(
     input dtype; ``upcast=False`` computes everything in the input dtype (PyTorch's
     own low-precision math, the error baseline of the GPU tests). ``softmax_lse`` is in
     the compute dtype: natural log of the scores' exp-sum, +inf for a row that sees no
-    key (whose output is 0). Dropout (needs ``rng_state``) applies to P after the lse.
+    key (whose output is 0). Dropout (needs ``rng_state``) applies to P after the lse,
+    with the CUDA kernels' mask (``dropout_keep_mask``; ``paired_row_stride`` names
+    the kernel family's, 2 for sm70).
     """
     dtype = _compute_dtype(q.dtype, upcast)
     _, _, vc, _, visible, scores, _ = _prepare(
@@ -153,7 +222,7 @@ def attention(
     lse = lse.masked_fill(lse == -math.inf, math.inf)  # flash_attn: no key -> +inf
     probs = _probs(scores, lse, visible)
     if dropout_p > 0:
-        probs = probs * _dropout_scale(rng_state, dropout_p, probs.shape, dtype, q.device)
+        probs = probs * _dropout_scale(rng_state, dropout_p, probs.shape, dtype, paired_row_stride)
     out = torch.einsum("bhqk,bkhd->bqhd", probs, vc)
     return out.to(q.dtype), lse
 
@@ -173,6 +242,7 @@ def attention_bwd(
     dropout_p: float = 0.0,
     rng_state: torch.Tensor | None = None,
     upcast: bool = True,
+    paired_row_stride: int = 8,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Analytic attention backward in fp32 (fp64 for fp64). Returns (dq, dk, dv).
 
@@ -188,7 +258,7 @@ def attention_bwd(
     probs = _probs(scores, softmax_lse, visible)
     dropped = probs
     if dropout_p > 0:
-        keep_scale = _dropout_scale(rng_state, dropout_p, probs.shape, dtype, q.device)
+        keep_scale = _dropout_scale(rng_state, dropout_p, probs.shape, dtype, paired_row_stride)
         dropped = probs * keep_scale
     dv = torch.einsum("bhqk,bqhd->bkhd", dropped, do)
     dprobs = torch.einsum("bqhd,bkhd->bhqk", do, vc)
@@ -205,6 +275,64 @@ def attention_bwd(
     return dq.to(q.dtype), _reduce_kv(dk, h_k).to(k.dtype), _reduce_kv(dv, h_k).to(v.dtype)
 
 
+def dropout_attn_probs(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    softmax_scale: float | None,
+    causal: bool,
+    window_size: tuple[int, int],
+    softcap: float,
+    alibi_slopes: torch.Tensor | None,
+    dropout_p: float,
+    rng_state: torch.Tensor,
+    block_size_n: int,
+    paired_row_stride: int = 8,
+) -> torch.Tensor:
+    """What flash_attn 2.x returns as S_dmask with ``return_attn_probs=True`` and
+    dropout, for a batch q (b, s_q, h, d), k (b, s_k, h_k, d): (b, h, s_q rounded up to
+    128, s_k rounded up to 128) in q's dtype. Entry (i, j) is exp(s_ij - m_ij) for the
+    scaled score s (softcap and ALiBi applied), where m_ij is the running maximum of
+    row i over key blocks of ``block_size_n`` keys taken from the last to the first,
+    up to j's block (what flash_attn's kernel holds when it writes S; its tests
+    normalise it with the same blocks); negative where dropout dropped the element
+    (the kernels' mask, ``dropout_keep_mask``); 0 where masked and in the padding."""
+    b, s_q, h, d = q.shape
+    s_k = k.shape[1]
+    scale = d**-0.5 if softmax_scale is None else softmax_scale
+    visible = visible_mask(s_q, s_k, causal, window_size, q.device)
+    scores, _ = _scores(q.float(), _expand_kv(k.float(), h), scale, softcap, alibi_slopes, visible)
+    blocks = -(-s_k // block_size_n)
+    padded = torch.nn.functional.pad(scores, (0, blocks * block_size_n - s_k), value=-math.inf)
+    block_max = padded.view(b, h, s_q, blocks, block_size_n).amax(-1)
+    running = block_max.flip(-1).cummax(-1).values.flip(-1)  # max over blocks >= this one
+    running = running.repeat_interleave(block_size_n, dim=-1)[..., :s_k]
+    probs = torch.exp(scores - running.masked_fill(running == -math.inf, 0.0))
+    keep = dropout_keep_mask(rng_state, b, h, s_q, s_k, dropout_p, paired_row_stride)
+    probs = torch.where(keep, probs, -probs)
+    out = torch.zeros(b, h, -(-s_q // 128) * 128, -(-s_k // 128) * 128, dtype=q.dtype, device=q.device)
+    out[..., :s_q, :s_k] = probs.to(q.dtype)
+    return out
+
+
+def varlen_dropout_attn_probs(
+    q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_size, softcap,
+    alibi_slopes, dropout_p, rng_state, block_size_n, paired_row_stride=8,
+) -> torch.Tensor:
+    """``dropout_attn_probs`` of a varlen batch: (b, h, max_seqlen_q rounded up to 128,
+    max_seqlen_k rounded up to 128), sequence i at the top left of entry i."""
+    b, h = cu_seqlens_q.numel() - 1, q.shape[1]
+    out = torch.zeros(b, h, -(-max_seqlen_q // 128) * 128, -(-max_seqlen_k // 128) * 128, dtype=q.dtype,
+                      device=q.device)
+    for i, rq, rk in _sequences(cu_seqlens_q, cu_seqlens_k):
+        if rq.stop == rq.start or rk.stop == rk.start:
+            continue
+        slopes, state = _sequence_options(i, h, alibi_slopes, rng_state)
+        p = dropout_attn_probs(q[None, rq], k[None, rk], softmax_scale, causal, window_size, softcap, slopes,
+                               dropout_p, state, block_size_n, paired_row_stride)
+        out[i, :, : rq.stop - rq.start, : rk.stop - rk.start] = p[0, :, : rq.stop - rq.start, : rk.stop - rk.start]
+    return out
+
+
 def _sequences(cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor):
     """(i, q rows, k rows) of every sequence of a varlen batch (reads the offsets)."""
     cu_q, cu_k = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
@@ -212,12 +340,15 @@ def _sequences(cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor):
         yield i, slice(cu_q[i], cu_q[i + 1]), slice(cu_k[i], cu_k[i + 1])
 
 
-def _sequence_options(i: int, alibi_slopes, rng_state):
-    """Sequence i's ALiBi slopes ((h) or row i of (b, h)) and dropout state (offset + i)."""
+def _sequence_options(i: int, heads: int, alibi_slopes, rng_state):
+    """Sequence i's ALiBi slopes ((h) or row i of (b, h)) and dropout state: sequence i
+    is batch index i of the mask (offset + i * heads as a batch of one)."""
     slopes = alibi_slopes
     if slopes is not None and slopes.dim() == 2:
         slopes = slopes[i]
-    state = None if rng_state is None else rng_state + torch.tensor([0, i], dtype=rng_state.dtype)
+    state = None
+    if rng_state is not None:
+        state = rng_state + torch.tensor([0, i * heads], dtype=rng_state.dtype, device=rng_state.device)
     return slopes, state
 
 
@@ -235,23 +366,24 @@ def varlen_attention(
     dropout_p: float = 0.0,
     rng_state: torch.Tensor | None = None,
     upcast: bool = True,
+    paired_row_stride: int = 8,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Varlen forward: ``attention`` per sequence. Returns (out (total_q, h, d),
     softmax_lse (h, total_q)) — flash_attn 2.x's varlen lse layout. Rows of q outside
-    every sequence are 0 in out and +inf in the lse. Dropout draws sequence i's mask
-    from [seed, offset + i]."""
+    every sequence are 0 in out and +inf in the lse. Sequence i's dropout mask is
+    batch index i of ``dropout_keep_mask`` (rows and columns counted in the sequence)."""
     total_q, h, _ = q.shape
     out = torch.zeros_like(q)
     lse = torch.full((h, total_q), math.inf, dtype=_compute_dtype(q.dtype, upcast), device=q.device)
     for i, rq, rk in _sequences(cu_seqlens_q, cu_seqlens_k):
         if rq.stop == rq.start:
             continue
-        slopes, state = _sequence_options(i, alibi_slopes, rng_state)
+        slopes, state = _sequence_options(i, h, alibi_slopes, rng_state)
         if rk.stop == rk.start:  # no key: out 0, lse +inf (as a row that sees no key)
             continue
         o, l = attention(
             q[None, rq], k[None, rk], v[None, rk], softmax_scale, causal, window_size, softcap,
-            slopes, dropout_p, state, upcast,
+            slopes, dropout_p, state, upcast, paired_row_stride,
         )
         out[rq] = o[0]
         lse[:, rq] = l[0]
@@ -275,6 +407,7 @@ def varlen_attention_bwd(
     dropout_p: float = 0.0,
     rng_state: torch.Tensor | None = None,
     upcast: bool = True,
+    paired_row_stride: int = 8,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Varlen backward: ``attention_bwd`` per sequence; softmax_lse (h, total_q).
     Rows outside every sequence get zero gradients."""
@@ -282,11 +415,11 @@ def varlen_attention_bwd(
     for i, rq, rk in _sequences(cu_seqlens_q, cu_seqlens_k):
         if rq.stop == rq.start or rk.stop == rk.start:
             continue
-        slopes, state = _sequence_options(i, alibi_slopes, rng_state)
+        slopes, state = _sequence_options(i, q.shape[1], alibi_slopes, rng_state)
         g = attention_bwd(
             dout[None, rq], q[None, rq], k[None, rk], v[None, rk], out[None, rq],
             softmax_lse[None, :, rq], softmax_scale, causal, window_size, softcap, slopes,
-            dropout_p, state, upcast,
+            dropout_p, state, upcast, paired_row_stride,
         )
         dq[rq], dk[rk], dv[rk] = g[0][0], g[1][0], g[2][0]
     return dq, dk, dv
@@ -383,7 +516,7 @@ def kvcache_attention(
         if keys.numel() == 0:
             continue
         where = _cache_rows(k_cache, i, keys, block_table, cache_batch_idx)
-        slopes, _ = _sequence_options(i, alibi_slopes, None)
+        slopes, _ = _sequence_options(i, 0, alibi_slopes, None)
         o, l = attention(
             q[i : i + 1], k_cache[where][None], v_cache[where][None], softmax_scale, causal, window_size,
             softcap, slopes, 0.0, None, upcast,
@@ -426,7 +559,7 @@ def varlen_cache_attention(
             ks, vs = k[where], v[where]
         else:
             ks, vs = k[cu_k[i] + rows], v[cu_k[i] + rows]
-        slopes, _ = _sequence_options(i, alibi_slopes, None)
+        slopes, _ = _sequence_options(i, 0, alibi_slopes, None)
         o, l = attention(
             q[None, rq], ks[None], vs[None], softmax_scale, causal, window_size, softcap, slopes, 0.0, None, upcast
         )

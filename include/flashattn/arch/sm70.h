@@ -22,6 +22,10 @@ namespace flashattn {
 struct Sm70AccumulatorLayout {
   static constexpr unsigned kRowShuffleMask = 0x2 | 0x4 | 0x8;
   static constexpr bool kPThroughSmem = true;
+  // A thread's rows come in pairs (r, r + 2), and the 2 lanes that differ in lane
+  // bit 1 hold the 8 columns of an atom's row pair, 4 each (kernel/dropout.h).
+  static constexpr int kPairedRowStride = 2;
+  static constexpr unsigned kUnitLanes = 0x2;
 
   // ((2,2,2), MMA_M, MMA_N) -> ((2, MMA_M), ((2,2), MMA_N)): rows, columns.
   template <typename Layout>
@@ -52,6 +56,8 @@ struct Sm70FwdTraits : Sm80FwdTraits<Element_, kHeadDim_, kBlockM_, kBlockN_, kN
   using Base = Sm80FwdTraits<Element_, kHeadDim_, kBlockM_, kBlockN_, kNWarps_>;
   static constexpr const char* kFamily = "sm70";
   using Element = Element_;
+  using Sm70AccumulatorLayout::kUnitLanes;
+  using Sm70AccumulatorLayout::kPairedRowStride;
   using Sm70AccumulatorLayout::kPThroughSmem;
   using Sm70AccumulatorLayout::kRowShuffleMask;
   using Sm70AccumulatorLayout::rowcol;

@@ -28,6 +28,10 @@ struct Sm80MmaAtom<cutlass::bfloat16_t> {
 // 4*(r%8) + {0,1,2,3}, so a row reduction xor-shuffles lanes 1 and 2.
 struct Sm80AccumulatorLayout {
   static constexpr unsigned kRowShuffleMask = 0x3;
+  // A thread's rows come in pairs (r, r + 8), and the 4 lanes that differ in lane
+  // bits 0-1 hold the 8 columns of an atom's row pair, 2 each (kernel/dropout.h).
+  static constexpr int kPairedRowStride = 8;
+  static constexpr unsigned kUnitLanes = 0x3;
 
   // ((2,2), MMA_M, MMA_N) -> ((2, MMA_M), (2, MMA_N)): rows, columns.
   template <typename Layout>

@@ -10,6 +10,8 @@
 //        dV += P^T dO, dK += dS^T Q, dQ += dS K (fp32 vector reductions into a
 //        scratch accumulator, utils.h's scratch_add).
 //      dK and dV come out at (b, s_k, h_k, d): GQA groups are summed on chip.
+//      With dropout (mask Z, kernel/dropout.h, regenerated): dV += (P Z)^T dO and
+//      dS = P (Z dP / (1 - p) - D), dV scaled by 1 / (1 - p) at the end.
 //   3. bwd_convert_dq_kernel: dq = dq_accum * softmax_scale in the input dtype.
 // Runtime flags cover masks, tails, GQA and deterministic mode; the template flag
 // kScoreMods (softcap, ALiBi) is the forward's.
@@ -18,6 +20,7 @@
 #include <cute/tensor.hpp>
 #include <cutlass/array.h>
 
+#include "flashattn/kernel/dropout.h"
 #include "flashattn/kernel/mask.h"
 #include "flashattn/kernel/seqlen.h"
 #include "flashattn/kernel/shared_storage.h"
@@ -122,8 +125,8 @@ __device__ __forceinline__ void end_turn(int* semaphore) {
   if (threadIdx.x == 0) atomicAdd(semaphore, 1);
 }
 
-// kScoreMods: softcap and ALiBi, as in the forward.
-template <typename Traits, bool kScoreMods>
+// kScoreMods: softcap and ALiBi; kDropout: dropout; template flags as in the forward.
+template <typename Traits, bool kScoreMods, bool kDropout = false>
 __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const BwdParams params) {
   using Element = typename Traits::Element;
   constexpr int kBlockM = Traits::kBlockM;
@@ -237,6 +240,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const BwdPara
   Tensor tScS = thr_sdp.partition_C(cS);
   Tensor tScS0 = mma_sdp.get_thread_slice(0).partition_C(cS);
   Tensor tScS_rc = make_tensor(tScS.data(), Traits::rowcol(tScS.layout()));
+  Tensor tScS0_rc = make_tensor(tScS0.data(), Traits::rowcol(tScS0.layout()));
   constexpr int kRows = decltype(size<0>(tScS_rc))::value;
   // P and dS: accumulator -> shared memory.
   auto copy_pds = make_tiled_copy_C(typename Traits::SmemCopyAtomO{}, mma_sdp);
@@ -363,13 +367,27 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const BwdPara
     }
     // Masked after scaling, so that a zero softmax_scale cannot turn -inf into NaN.
     if (mask.tile_needs_mask(m0, kBlockM, n0, kBlockN)) mask.apply(acc_s, tScS, tScS0, m0, n0);
-    CUTE_UNROLL
-    for (int r = 0; r < kRows; ++r) {
+    if constexpr (kDropout) {
+      // P Z for dV; dS = P (Z dP / (1 - p) - D).
+      const Dropout<Traits> drop(params, batch, head);
+      drop.for_each_mask(tScS_rc, tScS0_rc, m0, n0, [&](int r, int c, uint32_t keep) {
+        CUTE_UNROLL
+        for (int k = 0; k < 2; ++k) {
+          const float p = exp2f(s_rc(r, c + k));
+          const bool kept = (keep >> (16 * k)) & 1u;
+          s_rc(r, c + k) = kept ? p : 0.f;
+          dp_rc(r, c + k) = p * ((kept ? dp_rc(r, c + k) * params.dropout_scale : 0.f) - d_row[r]);
+        }
+      });
+    } else {
       CUTE_UNROLL
-      for (int c = 0; c < size<1>(s_rc); ++c) {
-        const float p = exp2f(s_rc(r, c));
-        s_rc(r, c) = p;
-        dp_rc(r, c) = p * (dp_rc(r, c) - d_row[r]);
+      for (int r = 0; r < kRows; ++r) {
+        CUTE_UNROLL
+        for (int c = 0; c < size<1>(s_rc); ++c) {
+          const float p = exp2f(s_rc(r, c));
+          s_rc(r, c) = p;
+          dp_rc(r, c) = p * (dp_rc(r, c) - d_row[r]);
+        }
       }
     }
     if constexpr (kScoreMods) {
@@ -426,6 +444,10 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const BwdPara
   // (where Q and dO were) for 16-byte stores.
   CUTE_UNROLL
   for (int i = 0; i < size(acc_dk); ++i) acc_dk(i) *= params.softmax_scale;
+  if constexpr (kDropout) {
+    CUTE_UNROLL
+    for (int i = 0; i < size(acc_dv); ++i) acc_dv(i) *= params.dropout_scale;
+  }
   Tensor sdK = make_tensor(sQ.data(), typename Traits::SmemLayoutKV{});
   Tensor sdV = make_tensor(sdK.data() + size(sdK), typename Traits::SmemLayoutKV{});
   auto out_tile = [&](void* base, index_t offset, index_t row_stride) {

@@ -8,6 +8,7 @@
 
 #include <cute/tensor.hpp>
 
+#include "flashattn/kernel/dropout.h"
 #include "flashattn/kernel/mask.h"
 #include "flashattn/kernel/seqlen.h"
 #include "flashattn/kernel/shared_storage.h"
@@ -61,12 +62,18 @@ struct PackedRowAddress {
 // kScoreMods: softcap and ALiBi. A template flag, not a runtime one: as a
 // runtime branch ptxas predicated the modifiers into the plain loop and cost
 // 20-40% with the features off (docs/perf-notes.md, v3/v4).
+// kDropout: dropout (params.rng_state; kernel/dropout.h), a template flag for the
+// same reason: as a runtime branch in the plain kernel it cost that kernel 6-9% at
+// d64 and d256 with dropout off (ptxas could no longer schedule the softmax into
+// P . V), and in its own kernel the mask's Philox calls schedule with the loop's
+// other work (docs/perf-notes.md, dropout).
 // kKvCache: the KV cache kernel (params.h): paged K/V, split-KV, per-sequence
 // key ranges (seqused_k, leftpad, cache batch index), as runtime features; the
 // host runs it with kScoreMods on. Its own instance, so that none of this
 // stands in the plain kernel's loop.
-template <typename Traits, bool kScoreMods, bool kKvCache = false>
+template <typename Traits, bool kScoreMods, bool kKvCache = false, bool kDropout = false>
 __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(const FwdParams params) {
+  static_assert(!(kKvCache && kDropout), "the KV cache kernel is an inference forward");
   using Element = typename Traits::Element;
   constexpr int kBlockM = Traits::kBlockM;
   constexpr int kBlockN = Traits::kBlockN;
@@ -240,6 +247,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(const FwdPara
     Tensor tScS = thr_mma.partition_C(cS);
     Tensor tScS0 = tiled_mma.get_thread_slice(0).partition_C(cS);
     Tensor tScS_rc = make_tensor(tScS.data(), Traits::rowcol(tScS.layout()));
+    Tensor tScS0_rc = make_tensor(tScS0.data(), Traits::rowcol(tScS0.layout()));
     // Packed rows: each of this thread's accumulator rows' query.
     int row_query[kRows];
     CUTE_UNROLL
@@ -317,6 +325,14 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(const FwdPara
       softmax.update(acc_s_rc, acc_o_rc, params.score_scale_log2);
 
       Tensor rP = convert_fragment<Element>(acc_s);
+      if constexpr (kDropout) {
+        // Dropped probabilities leave P . V only: the row sums above keep them.
+        const Dropout<Traits> drop(params, tile.batch, tile.head);
+        Tensor rP_rc = make_tensor(rP.data(), Traits::rowcol(rP.layout()));
+        drop.for_each_mask(tScS_rc, tScS0_rc, m0, n0, [&](int r, int c, uint32_t keep) {
+          reinterpret_cast<uint32_t&>(rP_rc(r, c)) &= keep;
+        });
+      }
       if constexpr (Traits::kPThroughSmem) {
         // The accumulator layout is no operand layout (Volta): P goes through
         // shared memory, each warp its own rows.
@@ -336,6 +352,10 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(const FwdPara
       if (n_block > n_begin) load_k.commit(gmem_copy, tKsK);  // read after the next barrier
     }
     softmax.finalize(acc_o_rc, params.score_scale_log2, lse);
+    if constexpr (kDropout) {
+      CUTE_UNROLL
+      for (int i = 0; i < size(acc_o); ++i) acc_o(i) *= params.dropout_scale;  // kept P / (1 - p)
+    }
   } else {
     // No key is visible to any row of this block: output 0, lse +inf.
     clear(acc_o);

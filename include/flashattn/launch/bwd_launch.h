@@ -11,14 +11,22 @@
 
 namespace flashattn {
 
+// The main kernel of the (score modifiers, dropout) flags.
+template <typename Traits, bool kScoreMods, bool kDropout>
+void launch_bwd_variant(const BwdParams& params, cudaStream_t stream) {
+  constexpr int kSmem = int(sizeof(BwdSharedStorage<Traits>));
+  static_assert(kSmem <= Traits::kMaxSmemBytes, "the tile needs more shared memory than the family's GPUs give a CTA");
+  opt_in_smem<bwd_kernel<Traits, kScoreMods, kDropout>>(kSmem, params.device);
+  bwd_kernel<Traits, kScoreMods, kDropout>
+      <<<KeyTileScheduler<Traits::kBlockN>::num_ctas(params), Traits::kNThreads, kSmem, stream>>>(params);
+}
+
 template <typename Traits>
 void launch_bwd_kernel(const BwdParams& params, cudaStream_t stream) {
   using Element = typename Traits::Element;
   constexpr int kHeadDim = Traits::kHeadDim;
   static_assert(Traits::kBlockM <= kBwdSeqlenQRounding && kBwdSeqlenQRounding % Traits::kBlockM == 0);
   static_assert(Traits::kBlockM % kBwdSemaphoreRows == 0);
-  constexpr int kSmem = int(sizeof(BwdSharedStorage<Traits>));
-  static_assert(kSmem <= Traits::kMaxSmemBytes, "the tile needs more shared memory than the family's GPUs give a CTA");
 
   // The preprocess kernel loops over its rows: a grid of at most 2^20 CTAs.
   // A varlen batch without queries has no rows: dK = dV = 0 come from the main
@@ -27,13 +35,14 @@ void launch_bwd_kernel(const BwdParams& params, cudaStream_t stream) {
   if (row_grid > 0) bwd_preprocess_kernel<Element, kHeadDim><<<row_grid, BwdRows::kThreads, 0, stream>>>(params);
 
   const bool score_mods = params.softcap > 0.f || params.alibi_slopes != nullptr;
-  if (score_mods) {
-    opt_in_smem<bwd_kernel<Traits, true>>(kSmem, params.device);
+  const bool dropout = params.rng_state != nullptr;
+  if (dropout) {
+    if (score_mods) launch_bwd_variant<Traits, true, true>(params, stream);
+    else launch_bwd_variant<Traits, false, true>(params, stream);
   } else {
-    opt_in_smem<bwd_kernel<Traits, false>>(kSmem, params.device);
+    if (score_mods) launch_bwd_variant<Traits, true, false>(params, stream);
+    else launch_bwd_variant<Traits, false, false>(params, stream);
   }
-  auto kernel = score_mods ? &bwd_kernel<Traits, true> : &bwd_kernel<Traits, false>;
-  kernel<<<KeyTileScheduler<Traits::kBlockN>::num_ctas(params), Traits::kNThreads, kSmem, stream>>>(params);
 
   constexpr int kConvertSmem = int(sizeof(ConvertDqSharedStorage<Traits>));
   static_assert(kConvertSmem <= 48 * 1024);

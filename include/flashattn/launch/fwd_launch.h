@@ -26,18 +26,26 @@ void launch_fwd_kv_cache_kernel(const FwdParams& params, cudaStream_t stream) {
   if (params.num_splits > 1) launch_combine_splits(params, stream);
 }
 
-template <typename Traits>
-void launch_fwd_kernel(const FwdParams& params, cudaStream_t stream) {
+// One of the four kernels of the (score modifiers, dropout) flags.
+template <typename Traits, bool kScoreMods, bool kDropout>
+void launch_fwd_variant(const FwdParams& params, cudaStream_t stream) {
   constexpr int kSmem = int(sizeof(FwdSharedStorage<Traits>));
   static_assert(kSmem <= Traits::kMaxSmemBytes, "the tile needs more shared memory than the family's GPUs give a CTA");
-  const bool score_mods = params.softcap > 0.f || params.alibi_slopes != nullptr;
-  if (score_mods) {
-    opt_in_smem<fwd_kernel<Traits, true>>(kSmem, params.device);
-  } else {
-    opt_in_smem<fwd_kernel<Traits, false>>(kSmem, params.device);
-  }
-  auto kernel = score_mods ? &fwd_kernel<Traits, true> : &fwd_kernel<Traits, false>;
+  auto kernel = &fwd_kernel<Traits, kScoreMods, false, kDropout>;
+  opt_in_smem<fwd_kernel<Traits, kScoreMods, false, kDropout>>(kSmem, params.device);
   kernel<<<QueryTileScheduler<Traits::kBlockM>::num_ctas(params), Traits::kNThreads, kSmem, stream>>>(params);
+}
+
+template <typename Traits>
+void launch_fwd_kernel(const FwdParams& params, cudaStream_t stream) {
+  const bool score_mods = params.softcap > 0.f || params.alibi_slopes != nullptr;
+  if (params.rng_state != nullptr) {
+    if (score_mods) launch_fwd_variant<Traits, true, true>(params, stream);
+    else launch_fwd_variant<Traits, false, true>(params, stream);
+  } else {
+    if (score_mods) launch_fwd_variant<Traits, true, false>(params, stream);
+    else launch_fwd_variant<Traits, false, false>(params, stream);
+  }
 }
 
 template <typename Kernel>

@@ -1,0 +1,168 @@
+// Attention dropout with a counter-based generator: every element's keep bit is a
+// pure function of (rng_state, batch, head, row, column), so the backward
+// regenerates the forward's mask without storing it, in any tile order, and a CUDA
+// graph replays it with the seed and offset it finds in device memory.
+//
+// The mask (python/flashattn/reference.py dropout_keep_mask implements the same):
+// element (i, j) of query head h of sequence b, with s = the family's
+// kPairedRowStride (8 for 16x8 mma atoms, 2 for Volta's 8x8x4):
+//   g, r     = j / 8, (i / 2s) * s + i % s           (column group, row pair)
+//   x        = Philox4x32-7 with key 0 of the counter
+//              (g, r, lo, hi of rng_state[0] + rng_state[1] + b * heads + h)
+//   k        = (j % 8 / 2) * 4 + (i / s % 2) * 2 + j % 2
+//   kept     = byte k of x (little-endian) < t_lo + (k < n_hi)
+// with t_lo + n_hi / 16 = round((1 - p) * 4096) / 16: 16 bytes of a call compare
+// with t_lo or t_lo + 1, so that the keep rate is 1 - p within 2^-13 (a byte alone
+// would give it in steps of 1/256). Kept probabilities are scaled by 1 / (1 - p).
+//
+// One call (7 rounds, as FlashAttention-2 and PyTorch's fused attention use; a
+// fixed key makes every round key an immediate) gives the 16 elements of rows
+// {i, i + s} x 8 columns: in every family's accumulator layout they are held by the
+// lanes that differ in kUnitLanes (sm80 0x3: 4 lanes of 4 elements; sm70 0x2: 2
+// lanes of 8), in the forward's and the backward's tiles alike. Those lanes each
+// compute one call of L neighbouring units and swap words in log2(L) butterfly
+// rounds; the bytes compare as fp16 numbers (all finite and non-negative), two per
+// instruction.
+#pragma once
+
+#include <cute/tensor.hpp>
+
+#include "flashattn/params.h"
+
+namespace flashattn {
+
+using namespace cute;
+
+__device__ __forceinline__ uint4 philox4x32_7(uint4 c) {
+  CUTE_UNROLL
+  for (int round = 0; round < 7; ++round) {
+    const uint32_t k0 = 0x9E3779B9u * round, k1 = 0xBB67AE85u * round;  // key 0, its schedule
+    const uint64_t p0 = uint64_t(0xD2511F53u) * c.x;
+    const uint64_t p1 = uint64_t(0xCD9E8D57u) * c.z;
+    c = make_uint4(uint32_t(p1 >> 32) ^ c.y ^ k0, uint32_t(p1), uint32_t(p0 >> 32) ^ c.w ^ k1, uint32_t(p0));
+  }
+  return c;
+}
+
+// 0xFFFF in each half of the result whose byte (bytes `selector` of `word`, spread
+// to the two halves) is below the threshold in that half of `threshold2`.
+template <uint32_t kSelector>
+__device__ __forceinline__ uint32_t keep_halves(uint32_t word, uint32_t threshold2) {
+  uint32_t halves, mask;
+  asm("prmt.b32 %0, %1, 0, %2;" : "=r"(halves) : "r"(word), "n"(kSelector));
+  asm("set.lt.u32.f16x2 %0, %1, %2;" : "=r"(mask) : "r"(halves), "r"(threshold2));
+  return mask;
+}
+
+// Traits: the family's accumulator facts (kPairedRowStride, kUnitLanes).
+template <typename Traits>
+struct Dropout {
+  static constexpr int kRowStride = Traits::kPairedRowStride;
+  static constexpr unsigned kLaneMask = Traits::kUnitLanes;
+  static constexpr int kLanes = kLaneMask == 0x3 ? 4 : 2;  // lanes sharing a unit
+  static constexpr int kPairsPerGroup = 4 / kLanes;        // column pairs a lane holds of 8 columns
+  uint64_t counter_base;
+  uint32_t threshold, dither;
+
+  __device__ Dropout(const FwdParams& p, int batch, int head)
+      : threshold(p.dropout_threshold), dither(p.dropout_dither) {
+    set_head(p, batch, head);
+  }
+
+  __device__ void set_head(const FwdParams& p, int batch, int head) {
+    counter_base = uint64_t(p.rng_state[0]) + uint64_t(p.rng_state[1]) + uint64_t(batch) * uint64_t(p.heads) +
+                   uint64_t(head);
+  }
+
+  // Calls fn(r, c, mask) for every pair of elements (r, c), (r, c + 1), c even, of
+  // a (rows, cols) accumulator view: mask's low half is 0xFFFF if (r, c) is kept,
+  // its high half if (r, c + 1) is. coords / coords0: the (rows, cols) views of
+  // this thread's and thread 0's tile coordinates; m0, n0: the tile's first row
+  // and column in the sequence. Every lane of the warp must call it.
+  template <typename Coords, typename Coords0, typename Fn>
+  __device__ __forceinline__ void for_each_mask(const Coords& coords, const Coords0& coords0, int m0, int n0,
+                                                Fn&& fn) const {
+    constexpr int kRows = decltype(size<0>(coords0))::value;
+    constexpr int kCols = decltype(size<1>(coords0))::value;
+    constexpr int kGroupCols = 2 * kPairsPerGroup;  // a lane's columns of one 8-column group
+    static_assert(kRows % 2 == 0 && kCols % kGroupCols == 0, "rows come in pairs (i, i + s), columns in groups");
+    constexpr int kGroups = kCols / kGroupCols;
+    constexpr int kUnits = kRows / 2 * kGroups;  // (row pair, 8-column group) units of this lane
+    // A lane's first row is the lower of a pair and its first column in its group's
+    // first 8: thread 0's offsets (multiples of 2s rows and of 8 columns) then step
+    // the row pair and the group linearly.
+    const uint32_t row = uint32_t(m0 + int(get<0>(coords(0, 0))));
+    const uint32_t row_pair0 = row / (2 * kRowStride) * kRowStride + row % kRowStride;
+    const uint32_t group0 = uint32_t(n0 + int(get<1>(coords(0, 0)))) >> 3;
+    auto row_pair = [&](int u) { return row_pair0 + uint32_t(get<0>(coords0(2 * (u / kGroups), 0))) / 2; };
+    auto group = [&](int u) { return group0 + uint32_t(get<1>(coords0(0, kGroupCols * (u % kGroups)))) / 8; };
+    const int lane = threadIdx.x % 32;
+    const int rank = kLanes == 4 ? lane & 3 : (lane >> 1) & 1;  // this lane's place in its unit's lanes
+    // The unit a lane computes in block b is b * L + rank, of row pair (b * L +
+    // rank) / kGroups and group (b * L + rank) % kGroups (L and kGroups are powers
+    // of two). Row pairs and groups step evenly (an mma tiling repeats evenly), so
+    // the rank's share is added once here.
+    static_assert(kGroups % kLanes == 0 || kLanes % kGroups == 0);
+    const uint32_t rank_row_pairs = kGroups % kLanes == 0 ? 0 : rank / kGroups;
+    const uint32_t rank_groups = kGroups % kLanes == 0 ? rank : rank % kGroups;
+    const uint32_t rank_row_pair = kRows > 2 ? rank_row_pairs * (row_pair(kGroups) - row_pair(0)) : 0;
+    const uint32_t rank_group = kGroups > 1 ? rank_groups * (group(1) - group(0)) : 0;
+    // Thresholds of this lane's bytes: byte k of a call is kept below threshold +
+    // (k < dither). Word rank + L * pair holds the lane's bytes of pair `pair`.
+    uint32_t threshold2[kPairsPerGroup][2];
+    CUTE_UNROLL
+    for (int pair = 0; pair < kPairsPerGroup; ++pair) {
+      const uint32_t k = 4u * uint32_t(rank + kLanes * pair);
+      CUTE_UNROLL
+      for (int half = 0; half < 2; ++half) {
+        const uint32_t b = k + 2 * half;
+        threshold2[pair][half] = (threshold + (b < dither)) | ((threshold + (b + 1 < dither)) << 16);
+      }
+    }
+    auto apply = [&](int u, int pair, uint32_t word) {
+      const int r = 2 * (u / kGroups), c = kGroupCols * (u % kGroups) + 2 * pair;
+      fn(r, c, keep_halves<0x4140>(word, threshold2[pair][0]));
+      fn(r + 1, c, keep_halves<0x4342>(word, threshold2[pair][1]));
+    };
+    auto call = [&](uint32_t g, uint32_t r) {
+      return philox4x32_7(make_uint4(g, r, uint32_t(counter_base), uint32_t(counter_base >> 32)));
+    };
+    constexpr int kBlocks = kUnits / kLanes;
+    CUTE_UNROLL
+    for (int b = 0; b < kBlocks; ++b) {
+      // This lane computes unit b * L + rank; a butterfly over the unit's lanes
+      // then leaves slot q + L * pair holding this lane's word `pair` of unit
+      // b * L + q (word rank + L * pair of that call).
+      const uint4 x = call(group(b * kLanes) + rank_group, row_pair(b * kLanes) + rank_row_pair);
+      uint32_t slot[4] = {x.x, x.y, x.z, x.w};
+      CUTE_UNROLL
+      for (int bit = 1; bit < kLanes; bit <<= 1) {
+        // Give the partner the slots whose rank bit is not ours; take its.
+        const bool mine_high = rank & bit;
+        const unsigned lane_bit = kLanes == 4 ? unsigned(bit) : 2u;
+        CUTE_UNROLL
+        for (int s = 0; s < 4; ++s) {
+          if (s & bit) continue;
+          const int hi = s | bit;
+          const uint32_t got = __shfl_xor_sync(0xffffffffu, mine_high ? slot[s] : slot[hi], lane_bit);
+          if (mine_high) slot[s] = got; else slot[hi] = got;
+        }
+      }
+      CUTE_UNROLL
+      for (int q = 0; q < kLanes; ++q) {
+        CUTE_UNROLL
+        for (int pair = 0; pair < kPairsPerGroup; ++pair) apply(b * kLanes + q, pair, slot[q + kLanes * pair]);
+      }
+    }
+    // Units left over (a tile with fewer units than lanes): every lane computes them.
+    CUTE_UNROLL
+    for (int u = kBlocks * kLanes; u < kUnits; ++u) {
+      const uint4 x = call(group(u), row_pair(u));
+      const uint32_t w[4] = {x.x, x.y, x.z, x.w};
+      CUTE_UNROLL
+      for (int pair = 0; pair < kPairsPerGroup; ++pair) apply(u, pair, w[rank + kLanes * pair]);
+    }
+  }
+};
+
+}  // namespace flashattn

@@ -1,0 +1,98 @@
+"""Dropout's definition, on the CPU: the Philox generator against its published known
+answers, the mask's structure and rates, the CPU path's forward and backward using one
+mask, and flash_attn's S_dmask encoding (return_attn_probs) decoded as its tests do."""
+
+import math
+
+import flashattn
+import pytest
+import torch
+from flashattn import reference
+
+
+def _words(*values):
+    return [torch.tensor(v, dtype=torch.int64) for v in values]
+
+
+@pytest.mark.parametrize(
+    "key, counter, want",
+    [
+        # Random123's kat_vectors for Philox4x32-10.
+        ((0, 0), (0, 0, 0, 0), (0x6627E8D5, 0xE169C58D, 0xBC57AC4C, 0x9B00DBD8)),
+        ((0xFFFFFFFF,) * 2, (0xFFFFFFFF,) * 4, (0x408F276D, 0x41C83B0E, 0xA20BC7C6, 0x6D5451FD)),
+        ((0xA4093822, 0x299F31D0), (0x243F6A88, 0x85A308D3, 0x13198A2E, 0x03707344),
+         (0xD16CFE09, 0x94FDCCEB, 0x5001E420, 0x24126EA1)),
+    ],
+)
+def test_philox_known_answers(key, counter, want):
+    got = reference.philox4x32(tuple(_words(*key)), _words(*counter), rounds=10)
+    assert [int(x) for x in got] == list(want)
+
+
+def test_mask_is_a_function_of_coordinates():
+    state = torch.tensor([2**62 + 12345, 2**63 - 7])  # offset + b * h + h wraps past 2^64
+    whole = reference.dropout_keep_mask(state, 2, 3, 70, 90, 0.2)
+    # Sequence 1 as a batch of one: offset + 1 * heads.
+    one = reference.dropout_keep_mask(state + torch.tensor([0, 3]), 1, 3, 70, 90, 0.2)
+    assert torch.equal(whole[1:], one)
+    part = reference.dropout_keep_mask(state, 2, 3, 40, 50, 0.2)
+    assert torch.equal(whole[..., :40, :50], part)
+    other = reference.dropout_keep_mask(state + torch.tensor([1, 0]), 2, 3, 70, 90, 0.2)
+    assert not torch.equal(whole, other)
+    assert not torch.equal(whole[0, 0], whole[0, 1])
+
+
+@pytest.mark.parametrize("p", [0.0, 0.01, 0.17, 0.5, 0.9])
+def test_keep_rate(p):
+    mask = reference.dropout_keep_mask(torch.tensor([7, 11]), 2, 4, 512, 512, p)
+    keep = reference.dropout_keep_rate(p)
+    assert abs(keep - (1 - p)) <= 1 / 8192
+    n = mask.numel()
+    assert abs(mask.float().mean().item() - keep) < 5 * math.sqrt(keep * (1 - keep) / n) + 1e-12
+
+
+def test_cpu_forward_and_backward_share_the_mask():
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 33, 4, 16, generator=g, dtype=torch.float64) for _ in range(3))
+    state = torch.tensor([99, 5])
+    mask = reference.dropout_keep_mask(state, 2, 4, 33, 33, 0.3).double()
+    out, lse = torch.ops.flashattn.fwd(q, k, v, None, state, 0.3, 0.25, True, -1, -1, 0.0, 0)
+    scores = torch.einsum("bqhd,bkhd->bhqk", q, k) * 0.25
+    scores = scores.masked_fill(~reference.visible_mask(33, 33, True), -math.inf)
+    probs = torch.softmax(scores, -1)
+    want = torch.einsum("bhqk,bkhd->bqhd", probs * mask / 0.7, v)
+    torch.testing.assert_close(out, want)
+    qg, kg, vg = (t.clone().requires_grad_() for t in (q, k, v))
+    dropped = torch.einsum("bhqk,bkhd->bqhd", torch.softmax(
+        (torch.einsum("bqhd,bkhd->bhqk", qg, kg) * 0.25).masked_fill(~reference.visible_mask(33, 33, True), -math.inf),
+        -1) * mask / 0.7, vg)
+    dout = torch.randn_like(q)
+    want_grads = torch.autograd.grad(dropped, (qg, kg, vg), dout)
+    grads = torch.ops.flashattn.bwd(dout, q, k, v, out, lse, None, state, 0.3, 0.25, True, -1, -1, 0.0, False, 0)
+    for a, b in zip(grads, want_grads):  # the op's lse is fp32 (its schema), hence rtol
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_return_attn_probs_decodes_as_flash_attn_tests_do():
+    torch.manual_seed(3)
+    q, k, v = (torch.randn(1, 100, 2, 64) for _ in range(3))
+    out, lse, s_dmask = flashattn.flash_attn_func(q, k, v, 0.2, causal=True, return_attn_probs=True)
+    assert s_dmask.shape == (1, 2, 128, 128)
+    block = flashattn.interface._get_block_size_n(q.device, 64, True, True)
+    scores = torch.einsum("bqhd,bkhd->bhqk", q, k) / 8.0
+    visible = reference.visible_mask(100, 100, True)
+    scores = scores.masked_fill(~visible, -math.inf)
+    running = torch.stack([s.amax(-1) for s in scores.split(block, -1)], -1).flip(-1).cummax(-1).values.flip(-1)
+    parts = s_dmask[..., :100, :100].abs().split(block, -1)
+    attn = torch.cat([a * torch.exp(running[..., i, None] - lse[..., None]) for i, a in enumerate(parts)], -1)
+    probs = torch.softmax(scores, -1)
+    torch.testing.assert_close(attn, probs, rtol=1e-4, atol=1e-6)
+    keep = s_dmask[..., :100, :100] >= 0
+    want = torch.einsum("bhqk,bkhd->bqhd", torch.where(keep, probs, 0.0) / 0.8, v)
+    torch.testing.assert_close(out, want, rtol=1e-4, atol=1e-5)
+    assert (s_dmask[..., 100:, :] == 0).all() and (s_dmask[..., :, 100:] == 0).all()
+
+
+def test_without_dropout_there_is_no_s_dmask():
+    q = torch.randn(1, 10, 2, 16)
+    assert flashattn.flash_attn_func(q, q, q, return_attn_probs=True)[2] is None
