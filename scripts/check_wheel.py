@@ -87,14 +87,14 @@ def kernel_count(so: Path) -> int | None:
     """CUDA kernels in the module's sm_90 code (every target holds the same ones)."""
     if shutil.which("cuobjdump") is None:
         return None
-    out = subprocess.run(["cuobjdump", "-elf", str(so)], capture_output=True, text=True).stdout
+    out = subprocess.run(["cuobjdump", "-elf", str(so)], capture_output=True, text=True, check=False).stdout
     arch = None
     count = 0
     for line in out.splitlines():
-        if line.startswith("ELF file") or "arch = " in line:
-            m = re.search(r"arch = (sm_\d+)", line)
-            arch = m.group(1) if m else arch
-        if arch == "sm_90" and re.match(r"\s*\[\s*\d+\]\s+\.text\.", line):
+        m = re.match(r"arch = (sm_\d+)", line.strip())
+        if m:
+            arch = m.group(1)
+        elif arch == "sm_90" and re.search(r"PROGBITS\s.*\s\.text\.\S+$", line):
             count += 1
     return count or None
 

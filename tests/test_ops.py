@@ -169,3 +169,33 @@ def test_a_failed_load_names_the_loaders_reason(tmp_path):
     assert not loaded
     assert "_C.so" in error and "Could not load this library" in error
     assert "OSError" in error and ("ELF" in error or "too short" in error), error
+
+
+def test_release_checks_read_the_installed_module():
+    # scripts/check_wheel.py's readers on this build's module: the glibc versions it
+    # needs (within this machine's, or it would not have loaded), torch's C shim among
+    # its libraries, nothing of the C++ runtime exported.
+    import importlib.util
+    import os
+    import platform
+    import shutil
+    import sys
+
+    spec = importlib.util.find_spec("flashattn._C")
+    if spec is None or spec.origin is None or not all(shutil.which(t) for t in ("objdump", "readelf", "nm")):
+        pytest.skip("no built extension or no binutils")
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "scripts"))
+    try:
+        import check_wheel
+    finally:
+        sys.path.pop(0)
+    from pathlib import Path
+
+    so = Path(spec.origin)
+    versions = check_wheel.glibc_versions(so)
+    libc = tuple(int(x) for x in platform.libc_ver()[1].split(".")[:2])
+    assert versions and versions[-1][:2] <= libc, (versions, libc)
+    needed, rpaths = check_wheel.needed_libraries(so)
+    assert "libtorch_cpu.so" in needed and not rpaths, (needed, rpaths)
+    assert check_wheel.exported_cxx_runtime(so) == []
+    assert check_wheel.manylinux_glibc("flashattn-0.1.0+cu13-py3-none-manylinux_2_28_x86_64.whl") == (2, 28)
