@@ -154,13 +154,20 @@ struct Dropout {
         for (int pair = 0; pair < kPairsPerGroup; ++pair) apply(b * kLanes + q, pair, slot[q + kLanes * pair]);
       }
     }
-    // Units left over (a tile with fewer units than lanes): every lane computes them.
+    // Units left over (a tile with fewer units than lanes): every lane computes them
+    // and picks its words with selects (indexing by the runtime rank would put the
+    // words in local memory).
     CUTE_UNROLL
     for (int u = kBlocks * kLanes; u < kUnits; ++u) {
       const uint4 x = call(group(u), row_pair(u));
       const uint32_t w[4] = {x.x, x.y, x.z, x.w};
       CUTE_UNROLL
-      for (int pair = 0; pair < kPairsPerGroup; ++pair) apply(u, pair, w[rank + kLanes * pair]);
+      for (int pair = 0; pair < kPairsPerGroup; ++pair) {
+        uint32_t word = w[kLanes * pair];
+        CUTE_UNROLL
+        for (int q = 1; q < kLanes; ++q) word = rank == q ? w[q + kLanes * pair] : word;
+        apply(u, pair, word);
+      }
     }
   }
 };
