@@ -6,7 +6,8 @@
 #       [2.11.0 2.13.0 2.15.0]
 #
 # Per torch version: `pip install torch==V` (from the configured index: PyPI's
-# default build, or $TORCH_INDEX_URL), `pip install WHEEL`, then
+# default build, or $TORCH_INDEX_URL; the table says which build came), `pip install
+# WHEEL`, then
 #   - `import flashattn`: the extension loads (build_info) with the wheel's families;
 #   - every op of the schema list has a CUDA kernel registered by the extension;
 #   - `python -m flashattn --no-timing`: on a GPU machine the self-test of the CUDA
@@ -25,8 +26,8 @@ PY=${PYTHON:-python3}
 root=${VENV_ROOT:-$(mktemp -d)}
 mkdir -p "$root"
 status=0
-printf '| torch | python | install (s) | venv (GB) | extension loaded | CUDA kernels registered | import (s) | self-check |\n'
-printf '|---|---|---|---|---|---|---|---|\n'
+printf '| torch | installed | python | install (s) | venv (GB) | extension loaded | CUDA kernels registered | import (s) | self-check |\n'
+printf '|---|---|---|---|---|---|---|---|---|\n'
 for v in "${versions[@]}"; do
   venv="$root/torch-$v"
   rm -rf "$venv"
@@ -35,7 +36,7 @@ for v in "${versions[@]}"; do
   start=$(date +%s)
   if ! { "$venv/bin/python" -m pip install -q ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"} "torch==$v" &&
          "$venv/bin/python" -m pip install -q --no-deps "$wheel"; } > "$log" 2>&1; then
-    printf '| %s | - | install failed (%s) | | | | | |\n' "$v" "$(tail -n1 "$log")"
+    printf '| %s | | - | install failed (%s) | | | | | |\n' "$v" "$(tail -n1 "$log")"
     status=1; continue
   fi
   install_s=$(( $(date +%s) - start ))
@@ -57,6 +58,7 @@ sys.stderr.write(check.stdout + check.stderr)
 result = check.stdout.strip().splitlines()[-1] if check.stdout.strip() else "no output"
 print(json.dumps({
     "python": ".".join(map(str, sys.version_info[:3])),
+    "build": f"{torch.__version__}, " + (f"CUDA {torch.version.cuda}" if torch.version.cuda else "CPU"),
     "loaded": info["extension_loaded"] or info["extension_error"],
     "cuda": f"{len(cuda)}/{len(ops)}",
     "import_s": round(t2 - t1, 2),
@@ -66,13 +68,13 @@ print(json.dumps({
 PY
 )
   if [ -z "$row" ]; then
-    printf '| %s | - | %s | %s | import failed (%s) | | | |\n' "$v" "$install_s" "$size" "$(tail -n1 "$log")"
+    printf '| %s | | - | %s | %s | import failed (%s) | | | |\n' "$v" "$install_s" "$size" "$(tail -n1 "$log")"
     status=1
   else
     echo "$row" | $PY -c "
 import json, sys
 r = json.loads(sys.stdin.read())
-print(f\"| $v | {r['python']} | $install_s | $size | {r['loaded']} | {r['cuda']} | {r['import_s']} | {r['check']} |\")
+print(f\"| $v | {r['build']} | {r['python']} | $install_s | $size | {r['loaded']} | {r['cuda']} | {r['import_s']} | {r['check']} |\")
 sys.exit(0 if r['ok'] else 1)" || status=1
   fi
   [ "${KEEP_VENVS:-0}" = 1 ] || rm -rf "$venv"
