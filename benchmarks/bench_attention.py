@@ -165,7 +165,7 @@ def build_parser():
     p.add_argument("--dropout", type=float, default=0.0,
                    help="attention dropout probability for every implementation (the "
                         "output check is skipped: the masks differ)")
-    p.add_argument("--family", choices=("auto", "sm70", "sm75", "sm80"), default="auto",
+    p.add_argument("--family", choices=("auto", "sm70", "sm75", "sm80", "sm90"), default="auto",
                    help="flashattn kernel family (auto: the device's); must be in the build")
     p.add_argument("--impls", type=_impl_list, default=list(IMPLS),
                    help=f"comma list out of {','.join(IMPLS)} (default: all)")

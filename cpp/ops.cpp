@@ -146,10 +146,24 @@ const DeviceInfo& device_info(int device) {
   return infos[device];
 }
 
+bool has_forward_family(int family) {
+  for (const auto& e : fwd_kernel_table())
+    if (e.family == family) return true;
+  return false;
+}
+
+// The newest family that runs on a GPU of capability cc: sm90 (sm_90a code, cc
+// 9.0 only) where the build holds it, else sm80 from 8.0 on.
 int family_for_capability(int cc) {
   FA_CHECK(cc >= 70, "needs compute capability 7.0 or newer; this GPU is ", cc / 10, ".", cc % 10);
+  if (cc == 90 && has_forward_family(90)) return 90;
   return cc >= 80 ? 80 : (cc >= 75 ? 75 : 70);
 }
+
+// The sm90 family has no backward yet: its forward's outputs (lse, and the
+// dropout mask, whose definition it shares) are the sm80 family's, whose
+// backward runs on Hopper.
+int backward_family(int family) { return family == 90 ? 80 : family; }
 
 // The current stream comes from torch's C shim in libtorch_cuda.so, which
 // torch loads RTLD_LOCAL. Looking it up there (instead of linking to it) keeps
@@ -428,10 +442,10 @@ int prepare_fwd(const Tensor& q, const Tensor& k, const Tensor& v, const Options
   const int cc = dev.cc;
   int family = static_cast<int>(o.family);
   if (family == 0) family = family_for_capability(cc);
-  FA_CHECK(family == 70 || family == 75 || family == 80, "unknown kernel family ", family,
-           "; use 0 (auto), 70, 75 or 80");
-  FA_CHECK(family <= cc, "family sm", family, " cannot run on this GPU (compute capability ",
-           cc / 10, ".", cc % 10, ")");
+  FA_CHECK(family == 70 || family == 75 || family == 80 || family == 90, "unknown kernel family ", family,
+           "; use 0 (auto), 70, 75, 80 or 90");
+  FA_CHECK(family == 90 ? cc == 90 : family <= cc, "family sm", family, " cannot run on this GPU (compute capability ",
+           cc / 10, ".", cc % 10, ")", family == 90 ? "; its sm_90a code runs on compute capability 9.0 only" : "");
   FA_CHECK(!(family < 80 && dt == ScalarType::BFloat16), "bf16 needs sm_80 tensor cores; the sm",
            family, " family takes fp16 (cast with .half())");
 
@@ -840,8 +854,8 @@ void run_bwd(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor&
   check_like(dq, "dq", q, "q", q);
   check_like(dk, "dk", k, "k", q);
   check_like(dv, "dv", v, "v", q);
-  const BwdKernelEntry& kernel = find_kernel(bwd_kernel_table(), family, q.scalar_type(), head_dim_of(q),
-                                             device_info(p.device), "backward");
+  const BwdKernelEntry& kernel = find_kernel(bwd_kernel_table(), backward_family(family), q.scalar_type(),
+                                             head_dim_of(q), device_info(p.device), "backward");
 
   torch::stable::accelerator::DeviceGuard guard(q.get_device_index());
   const cudaStream_t stream = current_stream(q.get_device_index());

@@ -85,8 +85,8 @@ def raises(fn, *fragments):
         ((8, 0), 80),
         ((8, 6), 80),
         ((8, 9), 80),
-        ((9, 0), 80),
-        ((10, 0), 80),
+        ((9, 0), 90),
+        ((10, 0), 80),  # sm_90a code (wgmma) does not run there
         ((12, 0), 80),
     ],
 )
@@ -114,6 +114,8 @@ def test_too_old_gpu():
         ({"sass": [90], "ptx": []}, 75, False),
         ({"sass": [], "ptx": [75]}, 80, True),
         ({"sass": [], "ptx": [75]}, 70, False),
+        ({"sass": [90], "ptx": [], "arch_specific": True}, 90, True),  # sm_90a: 9.0 alone
+        ({"sass": [90], "ptx": [], "arch_specific": True}, 100, False),
     ],
 )
 def test_runs_on(targets, cc, ok):
@@ -228,6 +230,25 @@ def test_extension_not_loaded():
     info = dict(build({}), extension_loaded=False, extension_error="undefined symbol: foo")
     raises(
         lambda: resolve((9, 0), info=info), "CUDA extension is not loaded", "undefined symbol: foo"
+    )
+
+
+# A release of the CUDA 13 toolchain with the Hopper family (sm_90a machine code).
+WITH_SM90 = build(dict(CUDA13_RELEASE["families"], sm90={"sass": [90], "ptx": [], "arch_specific": True}),
+                  cuda="13.0")
+
+
+def test_hopper_runs_the_sm90_family_where_built():
+    assert resolve((9, 0), info=WITH_SM90) == 90
+    assert resolve((9, 0), torch.bfloat16, info=WITH_SM90) == 90
+    assert resolve((9, 0), family="sm80", info=WITH_SM90) == 80  # still forceable
+    assert resolve((9, 0), info=CUDA13_RELEASE) == 80  # a build without it
+    assert resolve((10, 0), info=WITH_SM90) == 80
+    assert resolve((12, 0), info=WITH_SM90) == 80
+    raises(
+        lambda: resolve((10, 0), family="sm90", info=WITH_SM90),
+        "family sm90 runs on compute capability 9.0 only",
+        "its newest family is sm80",
     )
 
 

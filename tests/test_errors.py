@@ -157,8 +157,8 @@ CASES = {
         ["kv must be 5-D (batch, seqlen_k, 2, heads_k, head_dim)"],
     ),
     "family_name": (
-        lambda: flash_attn_func(*qkv(), family="sm90"),
-        ["family='sm90' is not a kernel family", "sm70, sm75, sm80"],
+        lambda: flash_attn_func(*qkv(), family="sm86"),
+        ["family='sm86' is not a kernel family", "sm70, sm75, sm80, sm90"],
     ),
     "not_a_tensor": (lambda: flash_attn_func([1.0], *qkv()[1:]), ["q must be a torch.Tensor"]),
     # raw ops: what the public API would have fixed or supplied
@@ -180,7 +180,7 @@ CASES = {
     ),
     "op_family_value": (
         lambda: _fwd_op(*qkv(), family=86),
-        ["family must be 0 (pick by device) or one of (70, 75, 80)"],
+        ["family must be 0 (pick by device) or one of (70, 75, 80, 90)"],
     ),
     "op_out_dtype": (
         lambda: OPS.fwd_out(*qkv(), t(2, 5, 4, 16, dtype=torch.float64), *OPTS, 0),

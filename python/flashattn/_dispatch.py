@@ -1,6 +1,6 @@
 """Kernel-family selection: device capability, forced families, and what the build holds.
 
-A *family* is a kernel code path (sm70, sm75, sm80); a *target* is what nvcc emitted
+A *family* is a kernel code path (sm70, sm75, sm80, sm90); a *target* is what nvcc emitted
 (sass = machine code for one sm_XX, ptx = JIT-compiled on newer GPUs). The build
 records both in ``_build_info.json`` beside ``_C.so``; this module reads it to say,
 before any kernel runs, why a device, dtype or head dim cannot be served.
@@ -74,9 +74,12 @@ def runs_on(targets: dict, cc: int) -> bool:
     """Does a family compiled for ``targets`` ({"sass": [...], "ptx": [...]}) run on a
     device of capability ``cc`` (10 * major + minor)?
 
-    Machine code for sm_s runs on the same major version from s upwards; PTX for
-    compute_p is JIT-compiled on any device from p upwards.
+    Machine code for sm_s runs on the same major version from s upwards (arch-specific
+    code, sm_90a, on s alone); PTX for compute_p is JIT-compiled on any device from p
+    upwards.
     """
+    if targets.get("arch_specific"):
+        return cc in targets.get("sass", ())
     sass_ok = any(s // 10 == cc // 10 and s <= cc for s in targets.get("sass", ()))
     return sass_ok or any(p <= cc for p in targets.get("ptx", ()))
 
@@ -102,13 +105,14 @@ def device_capability(device: torch.device) -> tuple[tuple[int, int], str]:
 
 
 def family_for_capability(capability: tuple[int, int], name: str = "this GPU") -> int:
-    """The newest family a device of this capability can run: 70, 75 or 80."""
+    """The newest family a device of this capability can run: 70, 75, 80 or 90 (sm_90a
+    code: compute capability 9.0 only; newer GPUs run the sm80 family)."""
     major, minor = capability
     if (major, minor) < (7, 0):
         _fail(f"flashattn needs compute capability 7.0 or newer; {name} is {major}.{minor}")
     if major == 7:
         return 75 if minor >= 5 else 70
-    return 80
+    return 90 if (major, minor) == (9, 0) else 80
 
 
 def parse_family(value, source: str = "family") -> int | None:
@@ -125,7 +129,7 @@ def parse_family(value, source: str = "family") -> int | None:
         if text.isdigit() and int(text) in FAMILIES:
             return int(text)
     _fail(
-        f"{source}={value!r} is not a kernel family — use sm70, sm75, sm80 (or 70, 75, 80),"
+        f"{source}={value!r} is not a kernel family — use sm70, sm75, sm80, sm90 (or 70, 75, 80, 90),"
         " or auto to pick by device"
     )
 
@@ -181,6 +185,11 @@ def resolve_family(
     forced = parse_family(family, "family")
     if forced is None:
         forced = parse_family(environ.get(_ENV_FAMILY), _ENV_FAMILY)
+    if forced == 90 and cc != 90:
+        _fail(
+            f"family sm90 runs on compute capability 9.0 only (Hopper: its code is sm_90a);"
+            f" {name} is {major}.{minor} — its newest family is sm{newest}"
+        )
     if forced is not None and forced > newest:
         _fail(
             f"family sm{forced} needs compute capability {forced // 10}.{forced % 10} or"
@@ -204,8 +213,8 @@ def resolve_family(
         )
 
     families = info.get("families") or {}
-    if not families:  # a build that records nothing: trust its kernels to check
-        chosen = forced or newest
+    if not families:  # a build that records nothing (older than the sm90 family): trust its kernels
+        chosen = forced or min(newest, 80)
     else:
         wanted = [forced] if forced else [f for f in sorted(FAMILIES, reverse=True) if f <= newest]
         if dtype == torch.bfloat16:

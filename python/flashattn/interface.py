@@ -279,7 +279,7 @@ def flash_attn_func(
     the bottom-right; a query row that sees no key gives 0. softcap > 0 caps scores
     with softcap * tanh(s / softcap). alibi_slopes fp32 (h) or (b, h).
     deterministic asks for a deterministic backward. ``family`` (keyword only, not in
-    flash_attn) forces a kernel family: "sm70", "sm75", "sm80" (or 70/75/80); the
+    flash_attn) forces a kernel family: "sm70", "sm75", "sm80", "sm90" (or 70/75/80/90); the
     environment variable FLASHATTN_FAMILY does the same.
 
     dropout_p > 0 drops attention probabilities (the CUDA kernels and the CPU path

@@ -15,6 +15,7 @@
 #include "flashattn/kernel/softmax.h"
 #include "flashattn/kernel/tile_scheduler.h"
 #include "flashattn/kernel/utils.h"
+#include "flashattn/kernel/wgmma.h"
 #include "flashattn/params.h"
 
 namespace flashattn {
@@ -196,12 +197,16 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(const FwdPara
 
   const int rows_left_q = seq.seqlen_q - m0;
 
-  // Accumulator coordinates and rows, for the lse and the masks.
+  // Accumulator coordinates and rows, for the lse and the masks. O += P V has
+  // its own mma (Volta reads V with a differently laid out atom; Hopper's
+  // warpgroup mma spans the whole head dim).
   typename Traits::TiledMma tiled_mma;
   auto thr_mma = tiled_mma.get_thread_slice(tidx);
-  Tensor acc_o = partition_fragment_C(tiled_mma, Shape<Int<kBlockM>, Int<kHeadDim>>{});
+  typename Traits::TiledMmaPV tiled_mma_pv;
+  auto thr_mma_pv = tiled_mma_pv.get_thread_slice(tidx);
+  Tensor acc_o = partition_fragment_C(tiled_mma_pv, Shape<Int<kBlockM>, Int<kHeadDim>>{});
   Tensor acc_o_rc = make_tensor(acc_o.data(), Traits::rowcol(acc_o.layout()));
-  Tensor tOcO = thr_mma.partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kHeadDim>>{}));
+  Tensor tOcO = thr_mma_pv.partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kHeadDim>>{}));
   Tensor tOcO_rc = make_tensor(tOcO.data(), Traits::rowcol(tOcO.layout()));
   constexpr int kRows = decltype(size<0>(acc_o_rc))::value;
   float lse[kRows];
@@ -230,19 +235,54 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(const FwdPara
     }
     cp_async_fence();
 
-    // Shared -> register partitions for S = Q K^T and O += P V.
-    Tensor tSrQ = thr_mma.partition_fragment_A(sQ);
-    Tensor tSrK = thr_mma.partition_fragment_B(sK);
-    // O += P V has its own mma (Volta reads V with a differently laid out atom).
-    typename Traits::TiledMmaPV tiled_mma_pv;
-    auto thr_mma_pv = tiled_mma_pv.get_thread_slice(tidx);
-    Tensor tOrVt = thr_mma_pv.partition_fragment_B(sVtNoSwizzle);
-    auto smem_copy_q = make_tiled_copy_A(typename Traits::SmemCopyAtom{}, tiled_mma);
-    auto smem_copy_k = make_tiled_copy_B(typename Traits::SmemCopyAtomB{}, tiled_mma);
-    auto smem_copy_v = make_tiled_copy_B(typename Traits::SmemCopyAtomTransposedB{}, tiled_mma_pv);
-    Tensor tSsQ = smem_copy_q.get_thread_slice(tidx).partition_S(sQ);
-    Tensor tSsK = smem_copy_k.get_thread_slice(tidx).partition_S(sK);
-    Tensor tOsVt = smem_copy_v.get_thread_slice(tidx).partition_S(sVt);
+    // The two products, S = Q K[n]^T and O += P V[n], per kind of mma: wgmma reads
+    // both operands of S and V from shared memory through descriptors; mma.sync
+    // loads them into registers (ldmatrix), the next k-slice during the current
+    // mma; Volta's P goes through shared memory (its accumulator layout is no
+    // operand layout), each warp its own rows.
+    auto product_qk = [&] {
+      if constexpr (kUsesWgmma<Traits>) {
+        return [tiled_mma, tSrQ = thr_mma.partition_fragment_A(sQ), tSrK = thr_mma.partition_fragment_B(sK)](
+                   auto& acc_s) mutable { wgmma_gemm<true>(tiled_mma, tSrQ, tSrK, acc_s); };
+      } else {
+        auto smem_copy_q = make_tiled_copy_A(typename Traits::SmemCopyAtom{}, tiled_mma);
+        auto smem_copy_k = make_tiled_copy_B(typename Traits::SmemCopyAtomB{}, tiled_mma);
+        return [tiled_mma, smem_copy_q, smem_copy_k, tSrQ = thr_mma.partition_fragment_A(sQ),
+                tSrK = thr_mma.partition_fragment_B(sK), tSsQ = smem_copy_q.get_thread_slice(tidx).partition_S(sQ),
+                tSsK = smem_copy_k.get_thread_slice(tidx).partition_S(sK)](auto& acc_s) mutable {
+          clear(acc_s);
+          gemm_smem_smem(acc_s, tSrQ, tSrK, tSsQ, tSsK, tiled_mma, smem_copy_q, smem_copy_k);
+        };
+      }
+    }();
+    auto product_pv = [&] {
+      if constexpr (kUsesWgmma<Traits>) {
+        return [tiled_mma_pv, tOrVt = thr_mma_pv.partition_fragment_B(sVt)](auto& acc_o, auto& rP) mutable {
+          Tensor tOrP = make_tensor(rP.data(), Traits::c_to_a(rP.layout()));
+          wgmma_gemm<false>(tiled_mma_pv, tOrP, tOrVt, acc_o);
+        };
+      } else {
+        auto smem_copy_v = make_tiled_copy_B(typename Traits::SmemCopyAtomTransposedB{}, tiled_mma_pv);
+        return [tiled_mma, tiled_mma_pv, smem_copy_v, tidx, &storage, tOrVt = thr_mma_pv.partition_fragment_B(sVtNoSwizzle),
+                tOsVt = smem_copy_v.get_thread_slice(tidx).partition_S(sVt)](auto& acc_o, auto& rP) mutable {
+          if constexpr (Traits::kPThroughSmem) {
+            auto thr_mma_pv = tiled_mma_pv.get_thread_slice(tidx);
+            Tensor sP = make_tensor(make_smem_ptr(storage.p.data()), typename Traits::SmemLayoutP{});  // (M, N)
+            auto smem_copy_c = make_tiled_copy_C(typename Traits::SmemCopyAtomO{}, tiled_mma);
+            copy(smem_copy_c, make_tensor(rP.data(), smem_copy_c.retile(rP.layout())),
+                 smem_copy_c.get_thread_slice(tidx).partition_D(sP));
+            __syncwarp();
+            auto smem_copy_p = make_tiled_copy_A(typename Traits::SmemCopyAtom{}, tiled_mma_pv);
+            Tensor tOrP = thr_mma_pv.partition_fragment_A(sP);
+            gemm_smem_smem(acc_o, tOrP, tOrVt, smem_copy_p.get_thread_slice(tidx).partition_S(sP), tOsVt,
+                           tiled_mma_pv, smem_copy_p, smem_copy_v);
+          } else {
+            Tensor tOrP = make_tensor(rP.data(), Traits::c_to_a(rP.layout()));
+            gemm_reg_smem(acc_o, tOrP, tOrVt, tOsVt, tiled_mma_pv, smem_copy_v);
+          }
+        };
+      }
+    }();
     Tensor cS = make_identity_tensor(Shape<Int<kBlockM>, Int<kBlockN>>{});
     Tensor tScS = thr_mma.partition_C(cS);
     Tensor tScS0 = tiled_mma.get_thread_slice(0).partition_C(cS);
@@ -267,13 +307,14 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(const FwdPara
     for (; n_block >= n_begin; --n_block) {
       const int n0 = n_block * kBlockN;
       Tensor acc_s = partition_fragment_C(tiled_mma, Shape<Int<kBlockM>, Int<kBlockN>>{});
-      clear(acc_s);
       const bool v_in_flight = kKvCache && n_block == n_end - 1;  // loaded in the prologue
       if (v_in_flight) {
         cp_async_wait<1>();
+        publish_smem_to_mma<Traits>();
         __syncthreads();  // K[n] (and Q) landed
       } else {
         cp_async_wait<0>();
+        publish_smem_to_mma<Traits>();
         __syncthreads();  // K[n] (and Q) landed; everyone is done with V[n+1]
         if constexpr (kKvCache) {
           load_v.issue(gmem_copy, tVgV, tVsV, tKcK, tKpK, seq.seqlen_k - n0, v_rows(n0));
@@ -288,7 +329,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(const FwdPara
       if constexpr (kKvCache) {
         if (n_block > n_begin) next_page = fetch_page(n_block - 1);
       }
-      gemm_smem_smem(acc_s, tSrQ, tSrK, tSsQ, tSsK, tiled_mma, smem_copy_q, smem_copy_k);
+      product_qk(acc_s);
       if constexpr (kKvCache) {
         if (n_block > n_begin) store_page(n_block - 1, next_page);
       }
@@ -310,6 +351,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(const FwdPara
 
       if (!v_in_flight) load_v.commit(gmem_copy, tVsV);
       cp_async_wait<0>();
+      publish_smem_to_mma<Traits>();
       __syncthreads();  // V[n] landed; everyone is done with K[n]
       if (n_block > n_begin) {
         if constexpr (kKvCache) {
@@ -333,22 +375,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(const FwdPara
           reinterpret_cast<uint32_t&>(rP_rc(r, c)) &= keep;
         });
       }
-      if constexpr (Traits::kPThroughSmem) {
-        // The accumulator layout is no operand layout (Volta): P goes through
-        // shared memory, each warp its own rows.
-        Tensor sP = make_tensor(make_smem_ptr(storage.p.data()), typename Traits::SmemLayoutP{});  // (M, N)
-        auto smem_copy_c = make_tiled_copy_C(typename Traits::SmemCopyAtomO{}, tiled_mma);
-        copy(smem_copy_c, make_tensor(rP.data(), smem_copy_c.retile(rP.layout())),
-             smem_copy_c.get_thread_slice(tidx).partition_D(sP));
-        __syncwarp();
-        auto smem_copy_p = make_tiled_copy_A(typename Traits::SmemCopyAtom{}, tiled_mma_pv);
-        Tensor tOrP = thr_mma_pv.partition_fragment_A(sP);
-        gemm_smem_smem(acc_o, tOrP, tOrVt, smem_copy_p.get_thread_slice(tidx).partition_S(sP), tOsVt,
-                       tiled_mma_pv, smem_copy_p, smem_copy_v);
-      } else {
-        Tensor tOrP = make_tensor(rP.data(), Traits::c_to_a(rP.layout()));
-        gemm_reg_smem(acc_o, tOrP, tOrVt, tOsVt, tiled_mma_pv, smem_copy_v);
-      }
+      product_pv(acc_o, rP);
       if (n_block > n_begin) load_k.commit(gmem_copy, tKsK);  // read after the next barrier
     }
     softmax.finalize(acc_o_rc, params.score_scale_log2, lse);
@@ -397,11 +424,11 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(const FwdPara
   __syncthreads();  // every warp is done reading Q from shared memory
   if constexpr (kKvCache) {
     store_through_smem<typename Traits::GmemTiledCopyO, typename Traits::SmemCopyAtomO>(
-        acc_o, tiled_mma, sO, gO, rows_left_q, params.head_dim, tidx,
+        acc_o, tiled_mma_pv, sO, gO, rows_left_q, params.head_dim, tidx,
         PackedRowAddress{m0, group, params.out_row_stride, params.out_head_stride});
   } else {
     store_through_smem<typename Traits::GmemTiledCopyO, typename Traits::SmemCopyAtomO>(
-        acc_o, tiled_mma, sO, gO, rows_left_q, params.head_dim, tidx);
+        acc_o, tiled_mma_pv, sO, gO, rows_left_q, params.head_dim, tidx);
   }
 }
 

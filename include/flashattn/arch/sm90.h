@@ -1,0 +1,82 @@
+// Traits of the sm90 family (Hopper, compute capability 9.0 exactly): warpgroup
+// MMAs (wgmma) that read their operands from shared memory through descriptors,
+// 64 query rows per warpgroup. Everything else (loads, masks, softmax, epilogue)
+// is the sm80 family's. wgmma exists only in sm_90a code, which runs on cc 9.0
+// alone: newer GPUs run the sm80 family.
+#pragma once
+
+#include <cute/tensor.hpp>
+#include <cute/atom/mma_traits_sm90_gmma.hpp>
+#include <cute/arch/mma_sm90.hpp>
+
+#include "flashattn/arch/sm80.h"
+
+namespace flashattn {
+
+using namespace cute;
+
+// Accumulator facts of a 64xN wgmma: warp w of the warpgroup holds rows 16w..16w+15,
+// laid out within the warp as an m16n8 mma.sync tile repeated along N. So row
+// reductions, the dropout units and the P fragment are those of the sm80 family.
+struct Sm90AccumulatorLayout {
+  static constexpr unsigned kRowShuffleMask = 0x3;
+  static constexpr int kPairedRowStride = 8;
+  static constexpr unsigned kUnitLanes = 0x3;
+
+  // ((2, 2, N/8), MMA_M, MMA_N) -> ((2, MMA_M), (2, N/8, MMA_N)): rows, columns.
+  template <typename Layout>
+  CUTE_HOST_DEVICE static constexpr auto rowcol(Layout acc) {
+    static_assert(decltype(rank<0>(acc))::value == 3);
+    return make_layout(make_layout(get<0, 1>(acc), get<1>(acc)),
+                       make_layout(get<0, 0>(acc), get<0, 2>(acc), get<2>(acc)));
+  }
+
+  // The C fragment of S is the register A operand of P . V (k-steps of 16 keys):
+  // ((2, 2, N/8), MMA_M, MMA_N) -> ((2, 2, 2), MMA_M, N/16 * MMA_N).
+  template <typename Layout>
+  CUTE_HOST_DEVICE static constexpr auto c_to_a(Layout acc) {
+    auto l = logical_divide(get<0>(acc), Shape<Underscore, Underscore, _2>{});
+    return make_layout(make_layout(get<0>(l), get<1>(l), get<2, 0>(l)), get<1>(acc),
+                       coalesce(make_layout(get<2, 1>(l), get<2>(acc))));
+  }
+};
+
+// K-major shared-memory atom for rows of kCols elements: the 128-byte swizzle
+// where the head dim is a multiple of 64, else the 64-byte one (multiples of 32).
+template <typename Element, int kCols>
+using Sm90SmemAtomK = std::conditional_t<kCols % 64 == 0, GMMA::Layout_K_SW128_Atom<Element>,
+                                         GMMA::Layout_K_SW64_Atom<Element>>;
+
+template <typename Element_, int kHeadDim_, int kBlockM_, int kBlockN_>
+struct Sm90FwdTraits : Sm80FwdTraits<Element_, kHeadDim_, kBlockM_, kBlockN_, 4 * (kBlockM_ / 64)>,
+                       Sm90AccumulatorLayout {
+  using Base = Sm80FwdTraits<Element_, kHeadDim_, kBlockM_, kBlockN_, 4 * (kBlockM_ / 64)>;
+  static constexpr const char* kFamily = "sm90";
+  using Element = Element_;
+  using Base::kBlockM, Base::kBlockN, Base::kHeadDim, Base::kNWarps, Base::kNThreads;
+  using Sm90AccumulatorLayout::kRowShuffleMask, Sm90AccumulatorLayout::kPairedRowStride,
+      Sm90AccumulatorLayout::kUnitLanes, Sm90AccumulatorLayout::rowcol, Sm90AccumulatorLayout::c_to_a;
+  static_assert(kBlockM % 64 == 0, "a warpgroup computes 64 query rows");
+
+  // The products read their operands straight from shared memory (wgmma).
+  static constexpr bool kWgmma = true;
+  // S = Q K^T: both operands in shared memory, K-major.
+  using TiledMma = decltype(make_tiled_mma(
+      GMMA::ss_op_selector<Element, Element, float, Shape<_64, Int<kBlockN>, _16>>(),
+      Layout<Shape<Int<kBlockM / 64>, _1, _1>>{}));
+  // O += P V: P from registers, V in shared memory seen as (head dim, keys).
+  using TiledMmaPV = decltype(make_tiled_mma(
+      GMMA::rs_op_selector<Element, Element, float, Shape<_64, Int<kHeadDim>, _16>, GMMA::Major::K,
+                           GMMA::Major::MN>(),
+      Layout<Shape<Int<kBlockM / 64>, _1, _1>>{}));
+
+  using SmemLayoutAtom = Sm90SmemAtomK<Element, kHeadDim>;
+  using SmemLayoutQ = decltype(tile_to_shape(SmemLayoutAtom{}, Shape<Int<kBlockM>, Int<kHeadDim>>{}));
+  using SmemLayoutKV = decltype(tile_to_shape(SmemLayoutAtom{}, Shape<Int<kBlockN>, Int<kHeadDim>>{}));
+  using SmemLayoutVt = decltype(composition(
+      SmemLayoutKV{}, make_layout(Shape<Int<kHeadDim>, Int<kBlockN>>{}, GenRowMajor{})));
+  using SmemLayoutVtNoSwizzle = SmemLayoutVt;  // unused: wgmma reads the swizzled layout
+  using SmemLayoutO = SmemLayoutQ;
+};
+
+}  // namespace flashattn
