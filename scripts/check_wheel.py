@@ -43,13 +43,19 @@ ALLOWED_NEEDED = {
 CXX_RUNTIME_EXPORT = re.compile(r"^(_ZNSt|_ZSt|_ZNKSt|_ZTI|_ZTS|_ZTV|__cxa_|__gxx_)")
 # Each variant's families and their targets; a trial build (pruned head dims or dtypes)
 # holds the same families.
+# sm90: sm_90a machine code (runs on cc 9.0 alone), no PTX.
 EXPECTED = {
-    "cu13": {"sm75": {"sass": [75], "ptx": []}, "sm80": {"sass": [80, 86, 89, 90, 100, 120], "ptx": [90]}},
+    "cu13": {
+        "sm75": {"sass": [75], "ptx": []},
+        "sm80": {"sass": [80, 86, 89, 90, 100, 120], "ptx": [90]},
+        "sm90": {"sass": [90], "ptx": []},
+    },
     "cu12": {
         "sm70": {"sass": [70], "ptx": []},
         "sm75": {"sass": [75], "ptx": []},
         # CUDA 12.8+ adds sm_100/sm_120 (the workflow's 12.9); older 12.x stop at sm_90.
         "sm80": {"sass": [80, 86, 89, 90], "ptx": [90]},
+        "sm90": {"sass": [90], "ptx": []},
     },
 }
 
