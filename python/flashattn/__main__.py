@@ -174,6 +174,8 @@ def _timing(device, dtype, family, progress) -> list[str]:
 
 
 def _holds_for(targets: dict, cc: int) -> str:
+    if targets.get("arch_specific"):  # sm_90a: that compute capability alone
+        return f"machine code for sm_{cc}a" if cc in targets.get("sass", ()) else "nothing for this GPU"
     sass = [s for s in targets.get("sass", ()) if s // 10 == cc // 10 and s <= cc]
     if sass:
         return f"machine code for sm_{max(sass)}"
@@ -205,7 +207,7 @@ def main(argv=None) -> int:
         print(f"extension: NOT loaded — {info['extension_error']}")
     families = info.get("families") or {}
     held = "; ".join(
-        f"{f} (sm_{', sm_'.join(map(str, t.get('sass', [])))}"
+        f"{f} (sm_{', sm_'.join(f'{x}a' if t.get('arch_specific') else str(x) for x in t.get('sass', []))}"
         + (f"; PTX compute_{', compute_'.join(map(str, t['ptx']))}" if t.get("ptx") else "")
         + ")"
         for f, t in sorted(families.items())
