@@ -8,6 +8,7 @@
 #include <cute/tensor.hpp>
 #include <cute/atom/mma_traits_sm90_gmma.hpp>
 #include <cute/arch/mma_sm90.hpp>
+#include <cutlass/pipeline/sm90_pipeline.hpp>
 
 #include "flashattn/arch/sm80.h"
 
@@ -77,6 +78,33 @@ struct Sm90FwdTraits : Sm80FwdTraits<Element_, kHeadDim_, kBlockM_, kBlockN_, 4 
       SmemLayoutKV{}, make_layout(Shape<Int<kHeadDim>, Int<kBlockN>>{}, GenRowMajor{})));
   using SmemLayoutVtNoSwizzle = SmemLayoutVt;  // unused: wgmma reads the swizzled layout
   using SmemLayoutO = SmemLayoutQ;
+};
+
+// The warp-specialised forward (kernel/fwd_sm90.h): the traits above for the
+// consumer warpgroups (one per 64 query rows), plus one producer warpgroup that
+// copies K and V into kStages shared-memory stages.
+template <typename Element_, int kHeadDim_, int kBlockM_, int kBlockN_, int kStages_ = 2>
+struct Sm90FwdWsTraits : Sm90FwdTraits<Element_, kHeadDim_, kBlockM_, kBlockN_> {
+  using Base = Sm90FwdTraits<Element_, kHeadDim_, kBlockM_, kBlockN_>;
+  using Element = Element_;
+  using Base::kBlockM, Base::kBlockN, Base::kHeadDim;
+  static constexpr int kStages = kStages_;
+  static constexpr int kConsumerThreads = Base::kNThreads;  // GmemTiledCopyQKV/O: Q and O, by the consumers
+  static constexpr int kProducerThreads = 128;
+  static constexpr int kCtaThreads = kProducerThreads + kConsumerThreads;
+  // Registers per thread after `setmaxnreg` (multiples of 8, within 64 K per CTA):
+  // the producer's cp.async addressing needs few.
+  static constexpr int kProducerRegisters = kConsumerThreads == 256 ? 40 : 56;
+  static constexpr int kConsumerRegisters = kConsumerThreads == 256 ? 232 : 256;
+  static_assert(kProducerRegisters * kProducerThreads + kConsumerRegisters * kConsumerThreads <= 64 * 1024);
+  using Pipeline = cutlass::PipelineAsync<kStages>;
+
+  static constexpr int kProducerRowsPerPass = kProducerThreads / Base::kGmemThreadsPerRow;
+  static_assert(kBlockN % kProducerRowsPerPass == 0, "K/V tile smaller than one copy pass");
+  using ProducerTiledCopy = decltype(make_tiled_copy(
+      Copy_Atom<SM80_CP_ASYNC_CACHEGLOBAL_ZFILL<uint128_t>, Element>{},
+      Layout<Shape<Int<kProducerRowsPerPass>, Int<Base::kGmemThreadsPerRow>>, Stride<Int<Base::kGmemThreadsPerRow>, _1>>{},
+      Layout<Shape<_1, _8>>{}));
 };
 
 }  // namespace flashattn

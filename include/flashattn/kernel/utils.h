@@ -222,17 +222,22 @@ __device__ __forceinline__ auto convert_fragment(const Fragment& src) {
 // are 16-byte vectors: fragment -> sTile, barrier, sTile -> registers ->
 // rows < rows_left and columns < cols_left of gTile. sTile and gTile are
 // (rows, cols) tiles of one shape; the caller makes sure that nobody still
-// reads sTile's memory (a barrier) before the call.
+// reads sTile's memory (a barrier) before the call. `sync` is the barrier of
+// the threads taking part (all of the CTA's by default).
+struct SyncThreads {
+  __device__ __forceinline__ void operator()() const { __syncthreads(); }
+};
+
 template <typename GmemTiledCopy, typename SmemCopyAtom, typename Acc, typename TiledMma, typename SmemTile,
-          typename GmemTile, typename RowOffset = NoRowOffset>
+          typename GmemTile, typename RowOffset = NoRowOffset, typename Sync = SyncThreads>
 __device__ __forceinline__ void store_through_smem(const Acc& acc, TiledMma mma, SmemTile& sTile, GmemTile& gTile,
                                                    int rows_left, int cols_left, int tidx,
-                                                   const RowOffset& row_offset = {}) {
+                                                   const RowOffset& row_offset = {}, const Sync& sync = {}) {
   using Element = typename SmemTile::value_type;
   Tensor rAcc = convert_fragment<Element>(acc);
   auto copy_c = make_tiled_copy_C(SmemCopyAtom{}, mma);
   copy(copy_c, make_tensor(rAcc.data(), copy_c.retile(rAcc.layout())), copy_c.get_thread_slice(tidx).partition_D(sTile));
-  __syncthreads();
+  sync();
   GmemTiledCopy gmem_copy;
   auto thr = gmem_copy.get_thread_slice(tidx);
   Tensor tSsT = thr.partition_S(sTile);                                             // (CPY, CPY_ROWS, CPY_COLS)

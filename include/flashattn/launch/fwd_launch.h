@@ -7,6 +7,8 @@
 
 #include <cuda_runtime.h>
 
+#include <type_traits>
+
 #include "flashattn/kernel/fwd.h"
 #include "flashattn/launch/kv_cache_launch.h"
 #include "flashattn/launch/tile_set.h"
@@ -48,11 +50,20 @@ void launch_fwd_kernel(const FwdParams& params, cudaStream_t stream) {
   }
 }
 
+// A family may run the forward without dropout and KV cache with a kernel of its
+// own (Kernel::launch_plain: the sm90 family's warp-specialised one).
+template <typename Kernel, typename = void>
+struct HasOwnPlainForward : std::false_type {};
+template <typename Kernel>
+struct HasOwnPlainForward<Kernel, std::void_t<decltype(&Kernel::launch_plain)>> : std::true_type {};
+
 template <typename Kernel>
 void launch_fwd(const FwdParams& params, cudaStream_t stream) {
   if constexpr (Kernel::kBuilt) {
     if (params.kv_cache) {
       launch_fwd_kv_cache_kernel<typename Kernel::KvTraits>(params, stream);
+    } else if (HasOwnPlainForward<Kernel>::value && params.rng_state == nullptr) {
+      if constexpr (HasOwnPlainForward<Kernel>::value) Kernel::launch_plain(params, stream);
     } else {
       launch_fwd_kernel<typename Kernel::Traits>(params, stream);
     }

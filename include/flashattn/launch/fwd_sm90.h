@@ -8,6 +8,7 @@
 #pragma once
 
 #include "flashattn/arch/sm90.h"
+#include "flashattn/kernel/fwd_sm90.h"
 #include "flashattn/launch/fwd_launch.h"
 
 namespace flashattn {
@@ -25,6 +26,22 @@ template <> struct Sm90FwdTile<224>                        { static constexpr in
 template <> struct Sm90FwdTile<256>                        { static constexpr int kM = 64,  kN = 64; };
 #endif
 
+// The warp-specialised forward (no dropout): two consumer warpgroups of 64
+// query rows, and key blocks as long as two K and two V stages leave room for.
+template <int kHeadDim>
+struct Sm90FwdWsTile {
+  static constexpr int kM = 128, kN = kHeadDim <= 160 ? 128 : kHeadDim <= 192 ? 96 : 64;
+};
+
+template <typename Traits, bool kScoreMods>
+void launch_fwd_ws_variant(const FwdParams& params, cudaStream_t stream) {
+  constexpr int kSmem = int(sizeof(FwdWsSharedStorage<Traits>));
+  static_assert(kSmem <= Traits::kMaxSmemBytes, "the tile needs more shared memory than Hopper gives a CTA");
+  opt_in_smem<fwd_ws_kernel<Traits, kScoreMods>>(kSmem, params.device);
+  fwd_ws_kernel<Traits, kScoreMods>
+      <<<QueryTileScheduler<Traits::kBlockM>::num_ctas(params), Traits::kCtaThreads, kSmem, stream>>>(params);
+}
+
 // The KV cache kernel: one warpgroup of 64 query rows (decode has few).
 template <int kHeadDim>
 struct Sm90FwdKvTile {
@@ -37,9 +54,22 @@ struct Sm90Fwd {
   static constexpr bool kBuilt = kSet == TileSet::kDefault;
   using Tile = Sm90FwdTile<kHeadDim>;
   using Traits = Sm90FwdTraits<Element, kHeadDim, Tile::kM, Tile::kN>;
-  using SharedStorage = FwdSharedStorage<Traits>;
   using KvTile = Sm90FwdKvTile<kHeadDim>;
   using KvTraits = Sm90FwdTraits<Element, kHeadDim, KvTile::kM, KvTile::kN>;
+  using WsTile = Sm90FwdWsTile<kHeadDim>;
+  using WsTraits = Sm90FwdWsTraits<Element, kHeadDim, WsTile::kM, WsTile::kN>;
+  // The kernel table's shared memory: the larger of the two forward kernels'.
+  using SharedStorage = std::conditional_t<(sizeof(FwdWsSharedStorage<WsTraits>) > sizeof(FwdSharedStorage<Traits>)),
+                                           FwdWsSharedStorage<WsTraits>, FwdSharedStorage<Traits>>;
+
+  // The forward without dropout runs the warp-specialised kernel.
+  static void launch_plain(const FwdParams& params, cudaStream_t stream) {
+    if (params.softcap > 0.f || params.alibi_slopes != nullptr) {
+      launch_fwd_ws_variant<WsTraits, true>(params, stream);
+    } else {
+      launch_fwd_ws_variant<WsTraits, false>(params, stream);
+    }
+  }
 };
 
 }  // namespace flashattn
