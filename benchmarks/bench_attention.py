@@ -73,6 +73,19 @@ CHECK_TOL = {"bf16": (2e-2, 2e-2, 2e-2), "fp16": (5e-3, 5e-3, 5e-3)}
 # --------------------------------------------------------------------------
 # FLOPs (no torch needed)
 # --------------------------------------------------------------------------
+def _family_names() -> list[str]:
+    """The kernel families, from the package's families.json (read directly: this
+    script also runs where flashattn is not importable)."""
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python", "flashattn", "families.json")
+    try:
+        with open(path) as f:
+            return list(json.load(f)["families"])
+    except OSError:
+        import flashattn._families
+
+        return list(flashattn._families.NAMES)
+
+
 def attn_flops(batch, heads, seqlen_q, seqlen_k, hdim, causal, mode):
     """FLOPs of one call, by the FlashAttention papers' convention.
 
@@ -165,7 +178,7 @@ def build_parser():
     p.add_argument("--dropout", type=float, default=0.0,
                    help="attention dropout probability for every implementation (the "
                         "output check is skipped: the masks differ)")
-    p.add_argument("--family", choices=("auto", "sm70", "sm75", "sm80", "sm90"), default="auto",
+    p.add_argument("--family", choices=("auto", *_family_names()), default="auto",
                    help="flashattn kernel family (auto: the device's); must be in the build")
     p.add_argument("--impls", type=_impl_list, default=list(IMPLS),
                    help=f"comma list out of {','.join(IMPLS)} (default: all)")

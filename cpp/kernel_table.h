@@ -9,12 +9,24 @@
 
 namespace flashattn {
 
+// One kernel family of python/flashattn/families.json (built or not).
+struct FamilyInfo {
+  int family;                 // 70, 75, 80, 90
+  int min_cc;                 // the oldest compute capability it runs on (10 * major + minor)
+  bool arch_specific;         // machine code for min_cc alone (sm_90a)
+  const char* arch_target;    // "90a" where arch_specific, else ""
+  int backward_family;        // whose backward serves this family's forward
+  bool bf16;
+};
+
+const std::vector<FamilyInfo>& family_registry();
+
 using FwdKernelFn = void (*)(const FwdParams&, cudaStream_t);
 
 // One tile of one kernel: the dispatcher runs, for the smallest bucket that
 // holds the head dim, the tile with the most shared memory that fits the device.
 struct FwdKernelEntry {
-  int family;          // 70, 75, 80
+  int family;          // 70, 75, 80, 90
   const char* dtype;   // "fp16", "bf16"
   int head_dim;        // bucket: serves head dims up to this
   int smem_bytes;      // dynamic shared memory per CTA; 0: no kernel in this tile set

@@ -97,7 +97,10 @@ struct DeviceInfo {
   int num_sms = 0;
   int max_smem = 0;       // opt-in shared memory per block, capped by FLASHATTN_MAX_SMEM_KB
   int optin_smem = 0;     // the device's own limit
+  int default_family = 0; // the newest built family that runs on it (family_for_capability)
 };
+
+int family_for_capability(int cc);
 
 constexpr int kMaxDevices = 64;
 
@@ -140,6 +143,7 @@ const DeviceInfo& device_info(int device) {
     info.cc = major * 10 + minor;
     const int cap = smem_cap_bytes();
     info.max_smem = cap > 0 && cap < info.optin_smem ? cap : info.optin_smem;
+    info.default_family = family_for_capability(info.cc);
     infos[device] = info;
     ready[device].store(true, std::memory_order_release);
   }
@@ -152,18 +156,47 @@ bool has_forward_family(int family) {
   return false;
 }
 
-// The newest family that runs on a GPU of capability cc: sm90 (sm_90a code, cc
-// 9.0 only) where the build holds it, else sm80 from 8.0 on.
-int family_for_capability(int cc) {
-  FA_CHECK(cc >= 70, "needs compute capability 7.0 or newer; this GPU is ", cc / 10, ".", cc % 10);
-  if (cc == 90 && has_forward_family(90)) return 90;
-  return cc >= 80 ? 80 : (cc >= 75 ? 75 : 70);
+// The registry's entry of a family; nullptr for a number that is none.
+const FamilyInfo* family_info(int family) {
+  for (const auto& f : family_registry())
+    if (f.family == family) return &f;
+  return nullptr;
 }
 
-// The sm90 family has no backward yet: its forward's outputs (lse, and the
-// dropout mask, whose definition it shares) are the sm80 family's, whose
-// backward runs on Hopper.
-int backward_family(int family) { return family == 90 ? 80 : family; }
+// "70, 75, 80 or 90", for messages.
+std::string family_numbers() {
+  std::string out;
+  const auto& all = family_registry();
+  for (size_t i = 0; i < all.size(); ++i) {
+    if (i > 0) out += i + 1 == all.size() ? " or " : ", ";
+    out += std::to_string(all[i].family);
+  }
+  return out;
+}
+
+bool family_runs_on(const FamilyInfo& f, int cc) { return f.arch_specific ? cc == f.min_cc : cc >= f.min_cc; }
+
+// The newest family that runs on a GPU of capability cc and whose forward the
+// build holds (sm90: sm_90a code, cc 9.0 only); where the build holds none, the
+// newest that runs there and is not arch-specific (its kernel lookup then says
+// what is missing).
+int family_for_capability(int cc) {
+  const FamilyInfo* built = nullptr;
+  const FamilyInfo* portable = nullptr;
+  for (const auto& f : family_registry()) {
+    if (!family_runs_on(f, cc)) continue;
+    if (has_forward_family(f.family) && (built == nullptr || f.family > built->family)) built = &f;
+    if (!f.arch_specific && (portable == nullptr || f.family > portable->family)) portable = &f;
+  }
+  const FamilyInfo* oldest = &family_registry().front();
+  FA_CHECK(built != nullptr || portable != nullptr, "needs compute capability ", oldest->min_cc / 10, ".",
+           oldest->min_cc % 10, " or newer; this GPU is ", cc / 10, ".", cc % 10);
+  return built != nullptr ? built->family : portable->family;
+}
+
+// A family whose forward's outputs (lse, and the dropout mask, whose definition
+// it shares) are another family's runs that family's backward: sm90 -> sm80.
+int backward_family(int family) { return family_info(family)->backward_family; }
 
 // The current stream comes from torch's C shim in libtorch_cuda.so, which
 // torch loads RTLD_LOCAL. Looking it up there (instead of linking to it) keeps
@@ -441,12 +474,19 @@ int prepare_fwd(const Tensor& q, const Tensor& k, const Tensor& v, const Options
   const DeviceInfo& dev = device_info(device);
   const int cc = dev.cc;
   int family = static_cast<int>(o.family);
-  if (family == 0) family = family_for_capability(cc);
-  FA_CHECK(family == 70 || family == 75 || family == 80 || family == 90, "unknown kernel family ", family,
-           "; use 0 (auto), 70, 75, 80 or 90");
-  FA_CHECK(family == 90 ? cc == 90 : family <= cc, "family sm", family, " cannot run on this GPU (compute capability ",
-           cc / 10, ".", cc % 10, ")", family == 90 ? "; its sm_90a code runs on compute capability 9.0 only" : "");
-  FA_CHECK(!(family < 80 && dt == ScalarType::BFloat16), "bf16 needs sm_80 tensor cores; the sm",
+  if (family == 0) family = dev.default_family;
+  const FamilyInfo* info = family_info(family);
+  FA_CHECK(info != nullptr, "unknown kernel family ", family, "; use 0 (auto) or one of ", family_numbers());
+  if (!family_runs_on(*info, cc)) {
+    const std::string only = info->arch_specific ? std::string("; its sm_") + info->arch_target +
+                                                       " code runs on compute capability " +
+                                                       std::to_string(info->min_cc / 10) + "." +
+                                                       std::to_string(info->min_cc % 10) + " only"
+                                                 : std::string();
+    FA_CHECK(false, "family sm", family, " cannot run on this GPU (compute capability ", cc / 10, ".", cc % 10, ")",
+             only);
+  }
+  FA_CHECK(!(!info->bf16 && dt == ScalarType::BFloat16), "bf16 needs sm_80 tensor cores; the sm",
            family, " family takes fp16 (cast with .half())");
 
   p.q = q.data_ptr();

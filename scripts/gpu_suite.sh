@@ -18,7 +18,7 @@ if [ -n "${FLASHATTN_INSTALLED:-}" ]; then
   :  # tests/conftest.py imports the installed package before the source tree
 elif [ -z "${FLASHATTN_PREBUILT:-}" ]; then
   # Every family for this GPU's arch, so one GPU tests every code path.
-  export FLASHATTN_FAMILIES=${FLASHATTN_FAMILIES:-"sm70;sm75;sm80;sm90"}
+  export FLASHATTN_FAMILIES=${FLASHATTN_FAMILIES:-all}
   export CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}
   $PY -m pip install --no-build-isolation --no-deps -v . 2>&1 | tee "$LOG_DIR/build.log"
 else

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from _gpu import call_kernel
 from _standard import BWD_FACTOR, FWD_FACTOR, assert_lse, assert_standard
-from flashattn import reference
+from flashattn import _families, reference
 from test_fwd_gpu import FAMILY_DTYPES, require
 from test_varlen_gpu import cu_seqlens
 
@@ -39,7 +39,7 @@ def _exact_fp32_reference(monkeypatch):
 
 
 def paired_row_stride(family: int) -> int:
-    return 2 if family == 70 else 8
+    return _families.get(family).dropout_row_pairing
 
 
 def rng_state(seed: int) -> torch.Tensor:

@@ -17,12 +17,12 @@ import pytest
 import torch
 from _gpu import call_kernel
 from _standard import FWD_FACTOR, assert_lse, assert_standard
-from flashattn import FlashAttnError, _dispatch, reference
+from flashattn import FlashAttnError, _dispatch, _families, reference
 
 pytestmark = pytest.mark.gpu
 
 OPS = torch.ops.flashattn
-FAMILIES = ("sm70", "sm75", "sm80", "sm90")
+FAMILIES = _families.NAMES
 HEAD_DIMS = (32, 40, 64, 80, 96, 128, 160, 192, 256)
 SEQLENS = (1, 17, 113, 128, 255, 1024, 2925, 4096)
 # Equal lengths, plus s_q != s_k both ways (s_q > s_k with causal masks whole rows).
@@ -43,10 +43,10 @@ GQA_HEADS_K = (8, 2, 1)  # ratios 1, 4, 8
 
 
 def _family_dtypes():
-    """(family, dtype) pairs: bf16 only from sm80 on (sm70/sm75 have no bf16 tensor cores)."""
+    """(family, dtype) pairs: bf16 only where the family has it (families.json)."""
     for family in FAMILIES:
         for dtype in (torch.float16, torch.bfloat16):
-            if dtype == torch.float16 or family in ("sm80", "sm90"):
+            if dtype == torch.float16 or _families.get(int(family[2:])).bf16:
                 yield pytest.param(family, dtype, id=f"{family}-{str(dtype)[6:]}")
 
 

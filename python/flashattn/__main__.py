@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 import flashattn
-from flashattn import _dispatch, reference
+from flashattn import _dispatch, _families, reference
 from flashattn._checks import FlashAttnError
 
 
@@ -191,7 +191,7 @@ def _holds_for(targets: dict, cc: int) -> str:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m flashattn", description=__doc__.splitlines()[0])
     ap.add_argument("--no-timing", action="store_true", help="skip the timing beside SDPA")
-    ap.add_argument("--family", default=None, help="force a kernel family (sm70, sm75, sm80, sm90)")
+    ap.add_argument("--family", default=None, help=f"force a kernel family ({_families.listing()})")
     args = ap.parse_args(argv)
 
     info = flashattn.build_info()

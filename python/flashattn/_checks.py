@@ -12,9 +12,10 @@ import math
 
 import torch
 
+from ._families import FAMILIES
+
 MAX_HEAD_DIM = 256
 HEAD_DIM_MULTIPLE = 8
-FAMILIES = (70, 75, 80, 90)
 
 _DIM_NAMES = ("batch", "seqlen", "heads", "head_dim")
 _CUDA_DTYPES = (torch.float16, torch.bfloat16)

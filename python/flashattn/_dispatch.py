@@ -15,7 +15,7 @@ import os
 
 import torch
 
-from . import _ops
+from . import _families, _ops
 from ._checks import FAMILIES, FlashAttnError
 
 _BUILD_INFO_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_build_info.json")
@@ -105,18 +105,21 @@ def device_capability(device: torch.device) -> tuple[tuple[int, int], str]:
 
 
 def family_for_capability(capability: tuple[int, int], name: str = "this GPU") -> int:
-    """The newest family a device of this capability can run: 70, 75, 80 or 90 (sm_90a
-    code: compute capability 9.0 only; newer GPUs run the sm80 family)."""
+    """The newest family a device of this capability can run (families.json: sm90's
+    sm_90a code runs on compute capability 9.0 only; newer GPUs run the sm80 family)."""
     major, minor = capability
-    if (major, minor) < (7, 0):
-        _fail(f"flashattn needs compute capability 7.0 or newer; {name} is {major}.{minor}")
-    if major == 7:
-        return 75 if minor >= 5 else 70
-    return 90 if (major, minor) == (9, 0) else 80
+    newest = _families.newest_for(10 * major + minor)
+    if newest is None:
+        oldest = _families.get(FAMILIES[0]).min_cc
+        _fail(
+            f"flashattn needs compute capability {oldest // 10}.{oldest % 10} or newer;"
+            f" {name} is {major}.{minor}"
+        )
+    return newest
 
 
 def parse_family(value, source: str = "family") -> int | None:
-    """70/75/80 from 70, "70", "sm70" (any case); None for None, 0, "" and "auto"."""
+    """A family number from 80, "80", "sm80" (any case); None for None, 0, "" and "auto"."""
     if value is None or (isinstance(value, int) and not isinstance(value, bool) and value == 0):
         return None
     if isinstance(value, int) and not isinstance(value, bool) and value in FAMILIES:
@@ -129,8 +132,8 @@ def parse_family(value, source: str = "family") -> int | None:
         if text.isdigit() and int(text) in FAMILIES:
             return int(text)
     _fail(
-        f"{source}={value!r} is not a kernel family — use sm70, sm75, sm80, sm90 (or 70, 75, 80, 90),"
-        " or auto to pick by device"
+        f"{source}={value!r} is not a kernel family — use {_families.listing()}"
+        f" (or {_families.listing(numbers=True)}), or auto to pick by device"
     )
 
 
@@ -167,7 +170,7 @@ def resolve_family(
     info: dict | None = None,
     environ=None,
 ) -> int:
-    """The kernel family (70, 75 or 80) to run on a CUDA device.
+    """The kernel family (a number of families.json) to run on a CUDA device.
 
     ``family`` (argument, else env FLASHATTN_FAMILY) forces one; otherwise the newest
     family the device can run that the build holds for it. ``capability``,
@@ -185,9 +188,11 @@ def resolve_family(
     forced = parse_family(family, "family")
     if forced is None:
         forced = parse_family(environ.get(_ENV_FAMILY), _ENV_FAMILY)
-    if forced == 90 and cc != 90:
+    if forced is not None and _families.get(forced).arch_specific and not _families.get(forced).runs_on(cc):
+        fam = _families.get(forced)
         _fail(
-            f"family sm90 runs on compute capability 9.0 only (Hopper: its code is sm_90a);"
+            f"family sm{forced} runs on compute capability {fam.min_cc // 10}.{fam.min_cc % 10} only"
+            f" (its code is sm_{fam.arch_specific});"
             f" {name} is {major}.{minor} — its newest family is sm{newest}"
         )
     if forced is not None and forced > newest:
@@ -200,7 +205,7 @@ def resolve_family(
             f"the CUDA kernels take torch.float16 or torch.bfloat16, got {dtype}"
             " — cast with .half() or .bfloat16()"
         )
-    if dtype == torch.bfloat16 and (forced or newest) < 80:
+    if dtype == torch.bfloat16 and not _families.get(forced or newest).bf16:
         who = f"the forced family sm{forced}" if forced else f"{name}'s family sm{newest}"
         _fail(
             f"bf16 needs sm_80 tensor cores (Ampere or newer); {who} takes fp16 only"
@@ -214,11 +219,11 @@ def resolve_family(
 
     families = info.get("families") or {}
     if not families:  # a build that records nothing (older than the sm90 family): trust its kernels
-        chosen = forced or min(newest, 80)
+        chosen = forced or _families.newest_portable(cc)
     else:
         wanted = [forced] if forced else [f for f in sorted(FAMILIES, reverse=True) if f <= newest]
         if dtype == torch.bfloat16:
-            wanted = [f for f in wanted if f >= 80]
+            wanted = [f for f in wanted if _families.get(f).bf16]
         runnable = [f for f in wanted if f"sm{f}" in families and runs_on(families[f"sm{f}"], cc)]
         if not runnable:
             _fail(_no_family_message(wanted, forced is not None, cc, name, info))

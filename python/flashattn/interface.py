@@ -7,7 +7,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from . import _dispatch, _ops, reference
+from . import _dispatch, _families, _ops, reference
 from ._checks import (
     HEAD_DIM_MULTIPLE,
     aligned_for_kernels,
@@ -252,8 +252,9 @@ def _get_block_size_n(device, head_dim, is_dropout, is_causal):
 
 
 def _paired_row_stride(family: int) -> int:
-    """The dropout mask's row pairing of a kernel family (kernel/dropout.h)."""
-    return 2 if family == 70 else 8
+    """The dropout mask's row pairing of a kernel family (kernel/dropout.h); the CPU
+    path (family 0) pairs rows as the sm80 family does."""
+    return _families.get(family or 80).dropout_row_pairing
 
 
 def flash_attn_func(
