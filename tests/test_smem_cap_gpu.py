@@ -63,6 +63,8 @@ def _gpu():
 
 @pytest.mark.parametrize("d", [64, 128, 192, 256])
 def test_99kb_tiles_are_correct(d):
+    if not flashattn.build_info()["families"]["sm80"].get("smem99_tiles"):
+        pytest.skip("built without the 99 KB tiles (FLASHATTN_SMEM99_ARCHS=none)")
     done = _run("99", str(d))
     assert done.returncode == 0, done.stdout + done.stderr
 

@@ -58,7 +58,8 @@ def build_info() -> dict:
     """What the compiled extension holds, as written by the build, plus its load status.
 
     Keys: version, cuda_version, torch_target_version, families ({"sm80": {"sass":
-    [80, 90], "ptx": [90]}, ...}), dtypes (["fp16", "bf16"]), head_dims (kernel
+    [80, 90], "ptx": [90]}, ...}; "arch_specific": true for sm_90a code,
+    "smem99_tiles": true where the 99 KB tiles were built), dtypes (["fp16", "bf16"]), head_dims (kernel
     buckets), extension_loaded, extension_error, torch_version. Without a build the
     families are {} and the lists empty.
     """
