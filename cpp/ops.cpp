@@ -195,7 +195,8 @@ int family_for_capability(int cc) {
 }
 
 // A family whose forward's outputs (lse, and the dropout mask, whose definition
-// it shares) are another family's runs that family's backward: sm90 -> sm80.
+// it shares) are another family's may run that family's backward (families.json's
+// "backward"; today every family has its own).
 int backward_family(int family) { return family_info(family)->backward_family; }
 
 // The current stream comes from torch's C shim in libtorch_cuda.so, which

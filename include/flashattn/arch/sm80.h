@@ -137,10 +137,8 @@ struct BwdTileLayouts {
   // Transposed views, read with ldmatrix.trans: Q^T, dO^T (D x M), K^T (D x N).
   using SmemLayoutQdOt = decltype(composition(
       SmemLayoutQdO{}, make_layout(Shape<Int<kHeadDim>, Int<kBlockM>>{}, GenRowMajor{})));
-  using SmemLayoutQdOtNoSwizzle = decltype(get_nonswizzle_portion(SmemLayoutQdOt{}));
   using SmemLayoutKt = decltype(composition(
       SmemLayoutKV{}, make_layout(Shape<Int<kHeadDim>, Int<kBlockN>>{}, GenRowMajor{})));
-  using SmemLayoutKtNoSwizzle = decltype(get_nonswizzle_portion(SmemLayoutKt{}));
   // P and dS (M x N) and their transposes (N x M).
   static constexpr int kPdSCols = kBlockN % 64 == 0 ? 64 : 32;
   static_assert(kBlockN % 32 == 0);
@@ -149,7 +147,6 @@ struct BwdTileLayouts {
   using SmemLayoutPdS = decltype(tile_to_shape(SmemLayoutAtomPdS{}, Shape<Int<kBlockM>, Int<kBlockN>>{}));
   using SmemLayoutPdSt = decltype(composition(
       SmemLayoutPdS{}, make_layout(Shape<Int<kBlockN>, Int<kBlockM>>{}, GenRowMajor{})));
-  using SmemLayoutPdStNoSwizzle = decltype(get_nonswizzle_portion(SmemLayoutPdSt{}));
 
   // The next Q/dO staged through registers (families without cp.async, where the
   // tile has the registers); the family's traits override it.

@@ -107,4 +107,58 @@ struct Sm90FwdWsTraits : Sm90FwdTraits<Element_, kHeadDim_, kBlockM_, kBlockN_> 
       Layout<Shape<_1, _8>>{}));
 };
 
+// sm90 backward: the shared key-stationary backward (kernel/bwd.h) with its five
+// products as SS wgmmas, both operands read from shared memory through
+// descriptors; P and dS go through shared memory as in the other families. Every
+// tile is laid out in GMMA's K-major swizzle atoms, so that the transposed views
+// the dV, dK and dQ products read (P^T, dS^T, dO^T, Q^T, K^T) are GMMA's MN-major
+// operands of the same bytes. kWarpGroups warpgroups; kAtom*: the warpgroups along
+// a product's output rows (a warpgroup computes 64 of them), the rest along its
+// columns:
+//   S = Q K^T, dP = dO V^T  (M x N)   A, B K-major
+//   dV += P^T dO, dK += dS^T Q (N x D) A, B MN-major
+//   dQ = dS K                  (M x D) A K-major, B MN-major
+template <typename Element_, int kHeadDim_, int kBlockM_, int kBlockN_, int kWarpGroups, int kAtomMSdP,
+          int kAtomNdKV, int kAtomMdQ, bool kDoubleBufferQ_>
+struct Sm90BwdTraits : Sm90AccumulatorLayout,
+                       BwdTileLayouts<Element_, kHeadDim_, kBlockM_, kBlockN_, 4 * kWarpGroups, kDoubleBufferQ_> {
+  using Base = BwdTileLayouts<Element_, kHeadDim_, kBlockM_, kBlockN_, 4 * kWarpGroups, kDoubleBufferQ_>;
+  static constexpr const char* kFamily = "sm90";
+  using Element = Element_;
+  using Base::kBlockM, Base::kBlockN, Base::kHeadDim, Base::kNThreads;
+  static constexpr bool kWgmma = true;
+
+  template <int kRows, int kCols, int kAtomRows, GMMA::Major kMajorA, GMMA::Major kMajorB>
+  using WarpGroupTiledMma = decltype(make_tiled_mma(
+      GMMA::ss_op_selector<Element, Element, float,
+                           Shape<_64, Int<kCols / (kWarpGroups / kAtomRows)>, _16>, kMajorA, kMajorB>(),
+      Layout<Shape<Int<kAtomRows>, Int<kWarpGroups / kAtomRows>, _1>>{}));
+  static_assert(kBlockM == 64 * kAtomMSdP && kBlockN == 64 * kAtomNdKV && kBlockM == 64 * kAtomMdQ,
+                "each warpgroup computes 64 rows of every product");
+  using TiledMmaSdP = WarpGroupTiledMma<kBlockM, kBlockN, kAtomMSdP, GMMA::Major::K, GMMA::Major::K>;
+  using TiledMmadKV = WarpGroupTiledMma<kBlockN, kHeadDim, kAtomNdKV, GMMA::Major::MN, GMMA::Major::MN>;
+  using TiledMmadQ = WarpGroupTiledMma<kBlockM, kHeadDim, kAtomMdQ, GMMA::Major::K, GMMA::Major::MN>;
+
+  // The two warpgroups' MN-major views of Q^T, dO^T (dK, dV at 64 keys) and K^T
+  // (dQ) start half a head dim apart: the swizzle atom must divide d / 2, so that
+  // each view starts at a whole atom.
+  using SmemAtomQKV = std::conditional_t<
+      (kHeadDim / 2) % 64 == 0, GMMA::Layout_K_SW128_Atom<Element>,
+      std::conditional_t<(kHeadDim / 2) % 32 == 0, GMMA::Layout_K_SW64_Atom<Element>, GMMA::Layout_K_SW32_Atom<Element>>>;
+  using SmemLayoutQdO = decltype(tile_to_shape(SmemAtomQKV{}, Shape<Int<kBlockM>, Int<kHeadDim>>{}));
+  using SmemLayoutKV = decltype(tile_to_shape(SmemAtomQKV{}, Shape<Int<kBlockN>, Int<kHeadDim>>{}));
+  using SmemLayoutPdS = decltype(tile_to_shape(Sm90SmemAtomK<Element, kBlockN>{}, Shape<Int<kBlockM>, Int<kBlockN>>{}));
+  using SmemLayoutQdOt = decltype(composition(
+      SmemLayoutQdO{}, make_layout(Shape<Int<kHeadDim>, Int<kBlockM>>{}, GenRowMajor{})));
+  using SmemLayoutKt = decltype(composition(
+      SmemLayoutKV{}, make_layout(Shape<Int<kHeadDim>, Int<kBlockN>>{}, GenRowMajor{})));
+  using SmemLayoutPdSt = decltype(composition(
+      SmemLayoutPdS{}, make_layout(Shape<Int<kBlockN>, Int<kBlockM>>{}, GenRowMajor{})));
+
+  static constexpr bool kCopyZeroFills = true;
+  using GmemTiledCopyQKV = decltype(make_tiled_copy(
+      Copy_Atom<SM80_CP_ASYNC_CACHEGLOBAL_ZFILL<uint128_t>, Element>{}, typename Base::GmemLayoutAtom{},
+      Layout<Shape<_1, _8>>{}));
+};
+
 }  // namespace flashattn

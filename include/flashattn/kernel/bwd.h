@@ -26,6 +26,7 @@
 #include "flashattn/kernel/shared_storage.h"
 #include "flashattn/kernel/tile_scheduler.h"
 #include "flashattn/kernel/utils.h"
+#include "flashattn/kernel/wgmma.h"
 #include "flashattn/params.h"
 
 namespace flashattn {
@@ -125,6 +126,40 @@ __device__ __forceinline__ void end_turn(int* semaphore) {
   if (threadIdx.x == 0) atomicAdd(semaphore, 1);
 }
 
+// One product acc += A . B^T of the backward, both operands in shared memory:
+// sA (rows, k) and sB (cols, k), transposed views where kTransposedA / B. The
+// returned function takes acc and element offsets of A and B (the Q buffer).
+// wgmma (kUsesWgmma) reads the operands through descriptors; the other families
+// load them into registers with their copy atoms (ldmatrix; .trans for the
+// transposed views) while the previous k-slice multiplies.
+template <typename Traits, bool kTransposedA, bool kTransposedB, typename TiledMma, typename SmemA, typename SmemB>
+__device__ __forceinline__ auto smem_product(TiledMma tiled_mma, const SmemA& sA, const SmemB& sB, int tidx) {
+  auto thr = tiled_mma.get_thread_slice(tidx);
+  if constexpr (kUsesWgmma<Traits>) {
+    return [tiled_mma, thr, sA, sB](auto& acc, int offset_a = 0, int offset_b = 0) mutable {
+      Tensor a = thr.partition_fragment_A(make_tensor(sA.data() + offset_a, sA.layout()));
+      Tensor b = thr.partition_fragment_B(make_tensor(sB.data() + offset_b, sB.layout()));
+      wgmma_gemm<false>(tiled_mma, a, b, acc);
+    };
+  } else {
+    using CopyAtomA = std::conditional_t<kTransposedA, typename Traits::SmemCopyAtomTransposed,
+                                         typename Traits::SmemCopyAtom>;
+    using CopyAtomB = std::conditional_t<kTransposedB, typename Traits::SmemCopyAtomTransposedB,
+                                         typename Traits::SmemCopyAtomB>;
+    auto copy_a = make_tiled_copy_A(CopyAtomA{}, tiled_mma);
+    auto copy_b = make_tiled_copy_B(CopyAtomB{}, tiled_mma);
+    // Register fragments take their shape from the views without the swizzle.
+    auto unswizzled = [](const auto& s) { return make_tensor(s.data().get(), get_nonswizzle_portion(s.layout())); };
+    return [tiled_mma, copy_a, copy_b, rA = thr.partition_fragment_A(unswizzled(sA)),
+            rB = thr.partition_fragment_B(unswizzled(sB)), tAsA = copy_a.get_thread_slice(tidx).partition_S(sA),
+            tBsB = copy_b.get_thread_slice(tidx).partition_S(sB)](auto& acc, int offset_a = 0,
+                                                                 int offset_b = 0) mutable {
+      gemm_smem_smem(acc, rA, rB, make_tensor(tAsA.data() + offset_a, tAsA.layout()),
+                     make_tensor(tBsB.data() + offset_b, tBsB.layout()), tiled_mma, copy_a, copy_b);
+    };
+  }
+}
+
 // kScoreMods: softcap and ALiBi; kDropout: dropout; template flags as in the forward.
 template <typename Traits, bool kScoreMods, bool kDropout = false>
 __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const BwdParams params) {
@@ -182,16 +217,11 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const BwdPara
   Tensor sV = make_tensor(make_smem_ptr(storage.v.data()), typename Traits::SmemLayoutKV{});      // (N, d)
   Tensor sP = make_tensor(make_smem_ptr(storage.p.data()), typename Traits::SmemLayoutPdS{});     // (M, N)
   Tensor sdS = make_tensor(make_smem_ptr(storage.ds.data()), typename Traits::SmemLayoutPdS{});   // (M, N)
-  Tensor sQt = make_tensor(sQ.data(), typename Traits::SmemLayoutQdOt{});
-  Tensor sQtNoSwizzle = make_tensor(sQ.data().get(), typename Traits::SmemLayoutQdOtNoSwizzle{});
-  Tensor sdOt = make_tensor(sdO.data(), typename Traits::SmemLayoutQdOt{});
-  Tensor sdOtNoSwizzle = make_tensor(sdO.data().get(), typename Traits::SmemLayoutQdOtNoSwizzle{});
-  Tensor sKt = make_tensor(sK.data(), typename Traits::SmemLayoutKt{});
-  Tensor sKtNoSwizzle = make_tensor(sK.data().get(), typename Traits::SmemLayoutKtNoSwizzle{});
-  Tensor sPt = make_tensor(sP.data(), typename Traits::SmemLayoutPdSt{});
-  Tensor sPtNoSwizzle = make_tensor(sP.data().get(), typename Traits::SmemLayoutPdStNoSwizzle{});
-  Tensor sdSt = make_tensor(sdS.data(), typename Traits::SmemLayoutPdSt{});
-  Tensor sdStNoSwizzle = make_tensor(sdS.data().get(), typename Traits::SmemLayoutPdStNoSwizzle{});
+  Tensor sQt = make_tensor(sQ.data(), typename Traits::SmemLayoutQdOt{});     // (d, M)
+  Tensor sdOt = make_tensor(sdO.data(), typename Traits::SmemLayoutQdOt{});   // (d, M)
+  Tensor sKt = make_tensor(sK.data(), typename Traits::SmemLayoutKt{});       // (d, N)
+  Tensor sPt = make_tensor(sP.data(), typename Traits::SmemLayoutPdSt{});     // (N, M)
+  Tensor sdSt = make_tensor(sdS.data(), typename Traits::SmemLayoutPdSt{});   // (N, M)
 
   // Global -> shared copies, predicated on the head dim (columns) and tails (rows).
   typename Traits::GmemTiledCopyQKV gmem_copy;
@@ -223,19 +253,19 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const BwdPara
   using Staged = StagedTileCopy<Traits::kRegisterPrefetch, Traits::kCopyZeroFills, Element, decltype(tQsQ)>;
   Staged next_q, next_do;
 
-  // S = Q K^T and dP = dO V^T.
+  // The products (smem_product): S = Q K^T and dP = dO V^T; dV += P^T dO and
+  // dK += dS^T Q (transposed reads); dQ = dS K: whole tiles, so no predicates
+  // (padding rows and columns hold zeros).
   typename Traits::TiledMmaSdP mma_sdp;
+  typename Traits::TiledMmadKV mma_dkv;
+  typename Traits::TiledMmadQ mma_dq;
+  auto product_s = smem_product<Traits, false, false>(mma_sdp, sQ, sK, tidx);
+  auto product_dp = smem_product<Traits, false, false>(mma_sdp, sdO, sV, tidx);
+  auto product_dv = smem_product<Traits, true, true>(mma_dkv, sPt, sdOt, tidx);
+  auto product_dk = smem_product<Traits, true, true>(mma_dkv, sdSt, sQt, tidx);
+  auto product_dq = smem_product<Traits, false, true>(mma_dq, sdS, sKt, tidx);
+
   auto thr_sdp = mma_sdp.get_thread_slice(tidx);
-  Tensor tSrQ = thr_sdp.partition_fragment_A(sQ);
-  Tensor tSrK = thr_sdp.partition_fragment_B(sK);
-  Tensor tdPrdO = thr_sdp.partition_fragment_A(sdO);
-  Tensor tdPrV = thr_sdp.partition_fragment_B(sV);
-  auto copy_sdp_a = make_tiled_copy_A(typename Traits::SmemCopyAtom{}, mma_sdp);
-  auto copy_sdp_b = make_tiled_copy_B(typename Traits::SmemCopyAtomB{}, mma_sdp);
-  Tensor tSsQ = copy_sdp_a.get_thread_slice(tidx).partition_S(sQ);
-  Tensor tdPsdO = copy_sdp_a.get_thread_slice(tidx).partition_S(sdO);
-  Tensor tSsK = copy_sdp_b.get_thread_slice(tidx).partition_S(sK);
-  Tensor tdPsV = copy_sdp_b.get_thread_slice(tidx).partition_S(sV);
   Tensor cS = make_identity_tensor(Shape<Int<kBlockM>, Int<kBlockN>>{});
   Tensor tScS = thr_sdp.partition_C(cS);
   Tensor tScS0 = mma_sdp.get_thread_slice(0).partition_C(cS);
@@ -247,33 +277,11 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const BwdPara
   Tensor tPsP = copy_pds.get_thread_slice(tidx).partition_D(sP);
   Tensor tdSsdS = copy_pds.get_thread_slice(tidx).partition_D(sdS);
 
-  // dV += P^T dO and dK += dS^T Q.
-  typename Traits::TiledMmadKV mma_dkv;
-  auto thr_dkv = mma_dkv.get_thread_slice(tidx);
-  Tensor tdVrPt = thr_dkv.partition_fragment_A(sPtNoSwizzle);
-  Tensor tdVrdOt = thr_dkv.partition_fragment_B(sdOtNoSwizzle);
-  Tensor tdKrdSt = thr_dkv.partition_fragment_A(sdStNoSwizzle);
-  Tensor tdKrQt = thr_dkv.partition_fragment_B(sQtNoSwizzle);
-  auto copy_dkv_a = make_tiled_copy_A(typename Traits::SmemCopyAtomTransposed{}, mma_dkv);
-  auto copy_dkv_b = make_tiled_copy_B(typename Traits::SmemCopyAtomTransposedB{}, mma_dkv);
-  Tensor tdVsPt = copy_dkv_a.get_thread_slice(tidx).partition_S(sPt);
-  Tensor tdKsdSt = copy_dkv_a.get_thread_slice(tidx).partition_S(sdSt);
-  Tensor tdVsdOt = copy_dkv_b.get_thread_slice(tidx).partition_S(sdOt);
-  Tensor tdKsQt = copy_dkv_b.get_thread_slice(tidx).partition_S(sQt);
   Tensor acc_dk = partition_fragment_C(mma_dkv, Shape<Int<kBlockN>, Int<kHeadDim>>{});
   Tensor acc_dv = partition_fragment_C(mma_dkv, Shape<Int<kBlockN>, Int<kHeadDim>>{});
   clear(acc_dk);
   clear(acc_dv);
 
-  // dQ = dS K: whole tiles, so no predicates (padding rows and columns get zeros).
-  typename Traits::TiledMmadQ mma_dq;
-  auto thr_dq = mma_dq.get_thread_slice(tidx);
-  Tensor tdQrdS = thr_dq.partition_fragment_A(sdS);
-  Tensor tdQrKt = thr_dq.partition_fragment_B(sKtNoSwizzle);
-  auto copy_dq_a = make_tiled_copy_A(typename Traits::SmemCopyAtom{}, mma_dq);
-  auto copy_dq_b = make_tiled_copy_B(typename Traits::SmemCopyAtomTransposedB{}, mma_dq);
-  Tensor tdQsdS = copy_dq_a.get_thread_slice(tidx).partition_S(sdS);
-  Tensor tdQsKt = copy_dq_b.get_thread_slice(tidx).partition_S(sKt);
   // dQ = dS K is added into the fp32 accumulator, one kBlockM x kHeadDim tile
   // per (sequence, head, query block), in scratch_add's coalesced layout.
   auto dq_accum_tile = [&](int head, int m0) {
@@ -316,13 +324,13 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const BwdPara
 
     // Loads in flight: Q[it] (oldest), then dO[it], then (double-buffered) Q[it+1].
     cp_async_wait<1>();
+    publish_smem_to_mma<Traits>();
     __syncthreads();  // Q landed; every warp is done with the last P, dS
 
     const int q_smem_offset = q_buffer * int(size(sQ));
     Tensor acc_s = partition_fragment_C(mma_sdp, Shape<Int<kBlockM>, Int<kBlockN>>{});
     clear(acc_s);
-    gemm_smem_smem(acc_s, tSrQ, tSrK, make_tensor(tSsQ.data() + q_smem_offset, tSsQ.layout()), tSsK,
-                   mma_sdp, copy_sdp_a, copy_sdp_b);
+    product_s(acc_s, q_smem_offset);
     const int next_rows = seq.seqlen_q - next_m_block * kBlockM;
     Tensor next_q_dst = q_dst(Traits::kDoubleBufferQ ? q_buffer ^ 1 : 0);
     if (Traits::kDoubleBufferQ && has_next) {
@@ -333,10 +341,11 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const BwdPara
     } else {
       cp_async_wait<0>();
     }
+    publish_smem_to_mma<Traits>();
     __syncthreads();  // dO landed
     Tensor acc_dp = partition_fragment_C(mma_sdp, Shape<Int<kBlockM>, Int<kBlockN>>{});
     clear(acc_dp);
-    gemm_smem_smem(acc_dp, tdPrdO, tdPrV, tdPsdO, tdPsV, mma_sdp, copy_sdp_a, copy_sdp_b);
+    product_dp(acc_dp);
     if (Traits::kDoubleBufferQ && has_next) next_q.commit(gmem_copy, next_q_dst);
 
     // P = exp2(S * scale_log2 - lse_log2), masked to 0; dS = P (dP - D). The
@@ -400,12 +409,11 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const BwdPara
     Tensor rdS = convert_fragment<Element>(acc_dp);
     copy(copy_pds, make_tensor(rP.data(), copy_pds.retile(rP.layout())), tPsP);
     copy(copy_pds, make_tensor(rdS.data(), copy_pds.retile(rdS.layout())), tdSsdS);
+    publish_smem_to_mma<Traits>();
     __syncthreads();  // P, dS in shared memory
 
-    gemm_smem_smem(acc_dv, tdVrPt, tdVrdOt, tdVsPt, tdVsdOt, mma_dkv, copy_dkv_a, copy_dkv_b);
-    gemm_smem_smem(acc_dk, tdKrdSt, tdKrQt, tdKsdSt,
-                   make_tensor(tdKsQt.data() + q_smem_offset, tdKsQt.layout()), mma_dkv, copy_dkv_a,
-                   copy_dkv_b);
+    product_dv(acc_dv);
+    product_dk(acc_dk, 0, q_smem_offset);
     __syncthreads();  // every warp is done with Q and dO: the next ones load under dQ = dS K
     if (has_next) {
       if constexpr (!Traits::kDoubleBufferQ) {
@@ -418,7 +426,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const BwdPara
 
     Tensor acc_dq = partition_fragment_C(mma_dq, Shape<Int<kBlockM>, Int<kHeadDim>>{});
     clear(acc_dq);
-    gemm_smem_smem(acc_dq, tdQrdS, tdQrKt, tdQsdS, tdQsKt, mma_dq, copy_dq_a, copy_dq_b);
+    product_dq(acc_dq);
     if (has_next) {  // read after the next iteration's first barrier
       if constexpr (!Traits::kDoubleBufferQ) next_q.commit(gmem_copy, next_q_dst);
       next_do.commit(gmem_copy, tdOsdO);
