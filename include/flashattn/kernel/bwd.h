@@ -129,9 +129,10 @@ __device__ __forceinline__ void end_turn(int* semaphore) {
 // One product acc += A . B^T of the backward, both operands in shared memory:
 // sA (rows, k) and sB (cols, k), transposed views where kTransposedA / B. The
 // returned function takes acc and element offsets of A and B (the Q buffer).
-// wgmma (kUsesWgmma) reads the operands through descriptors; the other families
-// load them into registers with their copy atoms (ldmatrix; .trans for the
-// transposed views) while the previous k-slice multiplies.
+// wgmma (kUsesWgmma) reads the operands through descriptors and returns at once:
+// acc is ready after products_wait. The other families load the operands into
+// registers with their copy atoms (ldmatrix; .trans for the transposed views)
+// while the previous k-slice multiplies, and return with acc done.
 template <typename Traits, bool kTransposedA, bool kTransposedB, typename TiledMma, typename SmemA, typename SmemB>
 __device__ __forceinline__ auto smem_product(TiledMma tiled_mma, const SmemA& sA, const SmemB& sB, int tidx) {
   auto thr = tiled_mma.get_thread_slice(tidx);
@@ -139,7 +140,7 @@ __device__ __forceinline__ auto smem_product(TiledMma tiled_mma, const SmemA& sA
     return [tiled_mma, thr, sA, sB](auto& acc, int offset_a = 0, int offset_b = 0) mutable {
       Tensor a = thr.partition_fragment_A(make_tensor(sA.data() + offset_a, sA.layout()));
       Tensor b = thr.partition_fragment_B(make_tensor(sB.data() + offset_b, sB.layout()));
-      wgmma_gemm<false>(tiled_mma, a, b, acc);
+      wgmma_issue<false>(tiled_mma, a, b, acc);
     };
   } else {
     using CopyAtomA = std::conditional_t<kTransposedA, typename Traits::SmemCopyAtomTransposed,
@@ -348,9 +349,11 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const BwdPara
     product_dp(acc_dp);
     if (Traits::kDoubleBufferQ && has_next) next_q.commit(gmem_copy, next_q_dst);
 
-    // P = exp2(S * scale_log2 - lse_log2), masked to 0; dS = P (dP - D). The
-    // exponent is one FMA with the lse's high part, then its low part: no large
-    // term cancels after a rounding.
+    // P = exp2(S * scale_log2 - lse_log2), masked to 0, while dP = dO V^T may
+    // still be in flight (wgmma); then dS = P (dP - D). The exponent is one FMA
+    // with the lse's high part, then its low part: no large term cancels after a
+    // rounding.
+    products_wait<Traits, 1>(acc_s);
     auto dcap = make_tensor_like(acc_s);  // d(softcap(x))/dx, kScoreMods only
     if constexpr (kScoreMods) {
       if (softcap > 0.f) {
@@ -376,13 +379,16 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const BwdPara
     }
     // Masked after scaling, so that a zero softmax_scale cannot turn -inf into NaN.
     if (mask.tile_needs_mask(m0, kBlockM, n0, kBlockN)) mask.apply(acc_s, tScS, tScS0, m0, n0);
+    CUTE_UNROLL
+    for (int i = 0; i < size(acc_s); ++i) acc_s(i) = exp2f(acc_s(i));
+    products_wait<Traits, 0>(acc_dp);
     if constexpr (kDropout) {
       // P Z for dV; dS = P (Z dP / (1 - p) - D).
       const Dropout<Traits> drop(params, batch, head);
       drop.for_each_mask(tScS_rc, tScS0_rc, m0, n0, [&](int r, int c, uint32_t keep) {
         CUTE_UNROLL
         for (int k = 0; k < 2; ++k) {
-          const float p = exp2f(s_rc(r, c + k));
+          const float p = s_rc(r, c + k);
           const bool kept = (keep >> (16 * k)) & 1u;
           s_rc(r, c + k) = kept ? p : 0.f;
           dp_rc(r, c + k) = p * ((kept ? dp_rc(r, c + k) * params.dropout_scale : 0.f) - d_row[r]);
@@ -392,11 +398,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const BwdPara
       CUTE_UNROLL
       for (int r = 0; r < kRows; ++r) {
         CUTE_UNROLL
-        for (int c = 0; c < size<1>(s_rc); ++c) {
-          const float p = exp2f(s_rc(r, c));
-          s_rc(r, c) = p;
-          dp_rc(r, c) = p * (dp_rc(r, c) - d_row[r]);
-        }
+        for (int c = 0; c < size<1>(s_rc); ++c) dp_rc(r, c) = s_rc(r, c) * (dp_rc(r, c) - d_row[r]);
       }
     }
     if constexpr (kScoreMods) {
@@ -414,7 +416,13 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const BwdPara
 
     product_dv(acc_dv);
     product_dk(acc_dk, 0, q_smem_offset);
-    __syncthreads();  // every warp is done with Q and dO: the next ones load under dQ = dS K
+    // dQ = dS K: under wgmma issued now, to run under the barrier and the next
+    // loads; the other families compute it after issuing the loads, which then fly under it.
+    Tensor acc_dq = partition_fragment_C(mma_dq, Shape<Int<kBlockM>, Int<kHeadDim>>{});
+    clear(acc_dq);
+    if constexpr (kUsesWgmma<Traits>) product_dq(acc_dq);
+    products_wait<Traits, kUsesWgmma<Traits> ? 1 : 0>(acc_dv, acc_dk);
+    __syncthreads();  // every warp is done with Q and dO: the next ones load
     if (has_next) {
       if constexpr (!Traits::kDoubleBufferQ) {
         next_q.issue(gmem_copy, q_src(next_head, next_m_block), next_q_dst, tQcQ, tQpQ, next_rows);
@@ -424,9 +432,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const BwdPara
       cp_async_fence();
     }
 
-    Tensor acc_dq = partition_fragment_C(mma_dq, Shape<Int<kBlockM>, Int<kHeadDim>>{});
-    clear(acc_dq);
-    product_dq(acc_dq);
+    if constexpr (!kUsesWgmma<Traits>) product_dq(acc_dq);
+    products_wait<Traits, 0>(acc_dq);
     if (has_next) {  // read after the next iteration's first barrier
       if constexpr (!Traits::kDoubleBufferQ) next_q.commit(gmem_copy, next_q_dst);
       next_do.commit(gmem_copy, tdOsdO);

@@ -28,9 +28,11 @@ __device__ __forceinline__ void publish_smem_to_mma() {
 }
 
 // acc (=, kZeroInit; else +=) A . B^T over all k-steps, issued as one wgmma batch
-// and waited for. A: descriptors (shared memory) or registers; B: descriptors.
+// (one commit group) and not waited for: acc is ready after wgmma_wait. A:
+// descriptors (shared memory) or registers (left unchanged until the wait); B:
+// descriptors.
 template <bool kZeroInit, typename TiledMma, typename A, typename B, typename Acc>
-__device__ __forceinline__ void wgmma_gemm(TiledMma& tiled_mma, A& a, const B& b, Acc& acc) {
+__device__ __forceinline__ void wgmma_issue(TiledMma& tiled_mma, A& a, const B& b, Acc& acc) {
   using namespace cute;
   constexpr bool kRegisterA = !std::is_base_of_v<GMMA::DescriptorIterator, typename A::engine_type::iterator>;
   if constexpr (kRegisterA) warpgroup_fence_operand(a);
@@ -43,9 +45,31 @@ __device__ __forceinline__ void wgmma_gemm(TiledMma& tiled_mma, A& a, const B& b
     tiled_mma.accumulate_ = GMMA::ScaleOut::One;
   }
   warpgroup_commit_batch();
-  warpgroup_wait<0>();
-  warpgroup_fence_operand(acc);
-  if constexpr (kRegisterA) warpgroup_fence_operand(a);
+}
+
+// Waits until at most kPending of this warpgroup's batches are in flight (they
+// complete in issue order); the accumulators named are then readable.
+template <int kPending, typename... Accs>
+__device__ __forceinline__ void wgmma_wait(Accs&... accs) {
+  cute::warpgroup_wait<kPending>();
+  (cute::warpgroup_fence_operand(accs), ...);
+}
+
+// wgmma_issue, then wait for it.
+template <bool kZeroInit, typename TiledMma, typename A, typename B, typename Acc>
+__device__ __forceinline__ void wgmma_gemm(TiledMma& tiled_mma, A& a, const B& b, Acc& acc) {
+  constexpr bool kRegisterA =
+      !std::is_base_of_v<cute::GMMA::DescriptorIterator, typename A::engine_type::iterator>;
+  wgmma_issue<kZeroInit>(tiled_mma, a, b, acc);
+  wgmma_wait<0>(acc);
+  if constexpr (kRegisterA) cute::warpgroup_fence_operand(a);
+}
+
+// The products of a kernel shared by every family: asynchronous under wgmma (wait
+// with products_wait), done on return elsewhere (products_wait does nothing).
+template <typename Traits, int kPending, typename... Accs>
+__device__ __forceinline__ void products_wait(Accs&... accs) {
+  if constexpr (kUsesWgmma<Traits>) wgmma_wait<kPending>(accs...);
 }
 
 }  // namespace flashattn
