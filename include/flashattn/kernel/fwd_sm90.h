@@ -6,9 +6,9 @@
 // producer's registers to the consumers. Everything else is the shared kernel's:
 // masks, online softmax, score modifiers, tile scheduler, epilogue.
 //
-// It serves the plain forward (dense and varlen, with causal/window masks,
-// softcap, ALiBi, GQA). Dropout and the KV cache kernel run the shared kernel
-// (kernel/fwd.h) with the family's traits.
+// It serves the forward (dense and varlen, with causal/window masks, softcap,
+// ALiBi, GQA, dropout). The KV cache kernel runs the shared kernel (kernel/fwd.h)
+// with the family's traits.
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -16,6 +16,7 @@
 #include <cutlass/arch/reg_reconfig.h>
 #include <cutlass/pipeline/sm90_pipeline.hpp>
 
+#include "flashattn/kernel/dropout.h"
 #include "flashattn/kernel/mask.h"
 #include "flashattn/kernel/seqlen.h"
 #include "flashattn/kernel/shared_storage.h"
@@ -48,7 +49,8 @@ __device__ __forceinline__ void consumers_sync() {
   cutlass::arch::NamedBarrier::sync(Traits::kConsumerThreads, 0);
 }
 
-template <typename Traits, bool kScoreMods>
+// kDropout: dropout (kernel/dropout.h), the shared forward's template flag.
+template <typename Traits, bool kScoreMods, bool kDropout = false>
 __global__ void __launch_bounds__(Traits::kCtaThreads, 1) fwd_ws_kernel(const FwdParams params) {
   using Element = typename Traits::Element;
   using Pipeline = typename Traits::Pipeline;
@@ -177,6 +179,8 @@ __global__ void __launch_bounds__(Traits::kCtaThreads, 1) fwd_ws_kernel(const Fw
     Tensor cS = make_identity_tensor(Shape<Int<kBlockM>, Int<kBlockN>>{});
     Tensor tScS = thr_mma.partition_C(cS);
     Tensor tScS0 = tiled_mma.get_thread_slice(0).partition_C(cS);
+    Tensor tScS_rc = make_tensor(tScS.data(), Traits::rowcol(tScS.layout()));
+    Tensor tScS0_rc = make_tensor(tScS0.data(), Traits::rowcol(tScS0.layout()));
     const float alibi_slope =
         !kScoreMods || params.alibi_slopes == nullptr
             ? 0.f
@@ -210,6 +214,14 @@ __global__ void __launch_bounds__(Traits::kCtaThreads, 1) fwd_ws_kernel(const Fw
       Tensor acc_s_rc = make_tensor(acc_s.data(), Traits::rowcol(acc_s.layout()));
       softmax.update(acc_s_rc, acc_o_rc, params.score_scale_log2);
       Tensor rP = convert_fragment<Element>(acc_s);
+      if constexpr (kDropout) {
+        // Dropped probabilities leave P . V only: the row sums above keep them.
+        const Dropout<Traits> drop(params, tile.batch, tile.head);
+        Tensor rP_rc = make_tensor(rP.data(), Traits::rowcol(rP.layout()));
+        drop.for_each_mask(tScS_rc, tScS0_rc, m0, n0, [&](int r, int c, uint32_t keep) {
+          reinterpret_cast<uint32_t&>(rP_rc(r, c)) &= keep;
+        });
+      }
       Tensor tOrP = make_tensor(rP.data(), Traits::c_to_a(rP.layout()));
 
       pipeline_v.consumer_wait(state);
@@ -219,6 +231,10 @@ __global__ void __launch_bounds__(Traits::kCtaThreads, 1) fwd_ws_kernel(const Fw
       ++state;
     }
     softmax.finalize(acc_o_rc, params.score_scale_log2, lse);
+    if constexpr (kDropout) {
+      CUTE_UNROLL
+      for (int i = 0; i < size(acc_o); ++i) acc_o(i) *= params.dropout_scale;  // kept P / (1 - p)
+    }
   } else {
     // No key is visible to any row of this block: output 0, lse +inf.
     clear(acc_o);

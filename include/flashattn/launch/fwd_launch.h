@@ -50,8 +50,8 @@ void launch_fwd_kernel(const FwdParams& params, cudaStream_t stream) {
   }
 }
 
-// A family may run the forward without dropout and KV cache with a kernel of its
-// own (Kernel::launch_plain: the sm90 family's warp-specialised one).
+// A family may run the forward but the KV cache's with a kernel of its own
+// (Kernel::launch_plain: the sm90 family's warp-specialised one).
 template <typename Kernel, typename = void>
 struct HasOwnPlainForward : std::false_type {};
 template <typename Kernel>
@@ -62,10 +62,10 @@ void launch_fwd(const FwdParams& params, cudaStream_t stream) {
   if constexpr (Kernel::kBuilt) {
     if (params.kv_cache) {
       launch_fwd_kv_cache_kernel<typename Kernel::KvTraits>(params, stream);
-    } else if (HasOwnPlainForward<Kernel>::value && params.rng_state == nullptr) {
-      if constexpr (HasOwnPlainForward<Kernel>::value) Kernel::launch_plain(params, stream);
+    } else if constexpr (HasOwnPlainForward<Kernel>::value) {
+      Kernel::launch_plain(params, stream);
     } else {
-      launch_fwd_kernel<typename Kernel::Traits>(params, stream);
+      launch_fwd_kernel<typename Kernel::Traits>(params, stream);  // instantiated only here
     }
   }
 }

@@ -26,19 +26,19 @@ template <> struct Sm90FwdTile<224>                        { static constexpr in
 template <> struct Sm90FwdTile<256>                        { static constexpr int kM = 64,  kN = 64; };
 #endif
 
-// The warp-specialised forward (no dropout): two consumer warpgroups of 64
+// The warp-specialised forward: two consumer warpgroups of 64
 // query rows, and key blocks as long as two K and two V stages leave room for.
 template <int kHeadDim>
 struct Sm90FwdWsTile {
   static constexpr int kM = 128, kN = kHeadDim <= 160 ? 128 : kHeadDim <= 192 ? 96 : 64;
 };
 
-template <typename Traits, bool kScoreMods>
+template <typename Traits, bool kScoreMods, bool kDropout>
 void launch_fwd_ws_variant(const FwdParams& params, cudaStream_t stream) {
   constexpr int kSmem = int(sizeof(FwdWsSharedStorage<Traits>));
   static_assert(kSmem <= Traits::kMaxSmemBytes, "the tile needs more shared memory than Hopper gives a CTA");
-  opt_in_smem<fwd_ws_kernel<Traits, kScoreMods>>(kSmem, params.device);
-  fwd_ws_kernel<Traits, kScoreMods>
+  opt_in_smem<fwd_ws_kernel<Traits, kScoreMods, kDropout>>(kSmem, params.device);
+  fwd_ws_kernel<Traits, kScoreMods, kDropout>
       <<<QueryTileScheduler<Traits::kBlockM>::num_ctas(params), Traits::kCtaThreads, kSmem, stream>>>(params);
 }
 
@@ -62,12 +62,15 @@ struct Sm90Fwd {
   using SharedStorage = std::conditional_t<(sizeof(FwdWsSharedStorage<WsTraits>) > sizeof(FwdSharedStorage<Traits>)),
                                            FwdWsSharedStorage<WsTraits>, FwdSharedStorage<Traits>>;
 
-  // The forward without dropout runs the warp-specialised kernel.
+  // The forward (but the KV cache's) runs the warp-specialised kernel.
   static void launch_plain(const FwdParams& params, cudaStream_t stream) {
-    if (params.softcap > 0.f || params.alibi_slopes != nullptr) {
-      launch_fwd_ws_variant<WsTraits, true>(params, stream);
+    const bool score_mods = params.softcap > 0.f || params.alibi_slopes != nullptr;
+    if (params.rng_state != nullptr) {
+      if (score_mods) launch_fwd_ws_variant<WsTraits, true, true>(params, stream);
+      else launch_fwd_ws_variant<WsTraits, false, true>(params, stream);
     } else {
-      launch_fwd_ws_variant<WsTraits, false>(params, stream);
+      if (score_mods) launch_fwd_ws_variant<WsTraits, true, false>(params, stream);
+      else launch_fwd_ws_variant<WsTraits, false, false>(params, stream);
     }
   }
 };
