@@ -22,6 +22,12 @@ struct Sm90Bwd {
   using Traits = Sm90BwdTraits<Element, kHeadDim, T::kM, T::kN, /*warpgroups=*/2, /*S, dP rows=*/T::kM / 64,
                                /*dK, dV rows=*/T::kN / 64, /*dQ rows=*/T::kM / 64, /*double-buffered Q=*/true>;
   using SharedStorage = BwdSharedStorage<Traits>;
+  // wgmma reads its operands through swizzled descriptors, which need every tile
+  // 1024-byte aligned: each tile is a whole number of KB, so they stay aligned
+  // one after another from the start of dynamic shared memory.
+  static_assert(sizeof(SharedStorage::d_o) % 1024 == 0 && sizeof(SharedStorage::k) % 1024 == 0 &&
+                    sizeof(SharedStorage::p) % 1024 == 0,
+                "a shared-memory tile of the wgmma backward would start off a 1024-byte boundary");
 };
 
 }  // namespace flashattn

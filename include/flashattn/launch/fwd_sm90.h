@@ -1,10 +1,9 @@
-// sm90 family: tile shapes per head-dim bucket, measured (H100, bf16, s = 1k and
-// 8k, causal and not; benchmarks/sweep_sm90_tiles.sh, docs/perf-notes.md). One
-// warpgroup of 64 query rows per CTA wins wherever its registers leave room for
-// two or more CTAs per SM: the CTAs' softmax and products then overlap, which a
-// CTA's barriers prevent between its own warpgroups. At d192/d224 the output
-// accumulator (d/2 registers per thread of a 64-row warpgroup) leaves room for
-// one such CTA only, and two warpgroups of 64 rows do better.
+// sm90 family forward: the warp-specialised kernel's tiles per head-dim bucket,
+// and the KV cache kernel's. Two consumer warpgroups of 64 query rows, and key
+// blocks as long as two K and two V stages leave room for (H100, bf16; the
+// stage-1 tile sweeps and the warp-specialised kernel's runs are in
+// docs/perf-notes.md). benchmarks/sweep_sm90_tiles.sh builds every bucket with
+// one tile instead (FLASHATTN_SM90_TILE_M / _N) to time alternatives.
 #pragma once
 
 #include "flashattn/arch/sm90.h"
@@ -14,24 +13,16 @@
 namespace flashattn {
 
 #if defined(FLASHATTN_SM90_TILE_M) && defined(FLASHATTN_SM90_TILE_N)
-// Tile sweeps (benchmarks/sweep_sm90_tiles.sh) build every bucket with one tile.
 template <int kHeadDim>
-struct Sm90FwdTile {
+struct Sm90FwdWsTile {
   static constexpr int kM = FLASHATTN_SM90_TILE_M, kN = FLASHATTN_SM90_TILE_N;
 };
 #else
-template <int kHeadDim> struct Sm90FwdTile                { static constexpr int kM = 64,  kN = 128; };  // d32-d160
-template <> struct Sm90FwdTile<192>                        { static constexpr int kM = 128, kN = 96; };
-template <> struct Sm90FwdTile<224>                        { static constexpr int kM = 128, kN = 64; };
-template <> struct Sm90FwdTile<256>                        { static constexpr int kM = 64,  kN = 64; };
-#endif
-
-// The warp-specialised forward: two consumer warpgroups of 64
-// query rows, and key blocks as long as two K and two V stages leave room for.
 template <int kHeadDim>
 struct Sm90FwdWsTile {
   static constexpr int kM = 128, kN = kHeadDim <= 160 ? 128 : kHeadDim <= 192 ? 96 : 64;
 };
+#endif
 
 template <typename Traits, bool kScoreMods, bool kDropout>
 void launch_fwd_ws_variant(const FwdParams& params, cudaStream_t stream) {
@@ -52,15 +43,13 @@ struct Sm90FwdKvTile {
 template <typename Element, int kHeadDim, TileSet kSet>
 struct Sm90Fwd {
   static constexpr bool kBuilt = kSet == TileSet::kDefault;
-  using Tile = Sm90FwdTile<kHeadDim>;
-  using Traits = Sm90FwdTraits<Element, kHeadDim, Tile::kM, Tile::kN>;
   using KvTile = Sm90FwdKvTile<kHeadDim>;
   using KvTraits = Sm90FwdTraits<Element, kHeadDim, KvTile::kM, KvTile::kN>;
   using WsTile = Sm90FwdWsTile<kHeadDim>;
   using WsTraits = Sm90FwdWsTraits<Element, kHeadDim, WsTile::kM, WsTile::kN>;
   // The kernel table's shared memory: the larger of the two forward kernels'.
-  using SharedStorage = std::conditional_t<(sizeof(FwdWsSharedStorage<WsTraits>) > sizeof(FwdSharedStorage<Traits>)),
-                                           FwdWsSharedStorage<WsTraits>, FwdSharedStorage<Traits>>;
+  using SharedStorage = std::conditional_t<(sizeof(FwdWsSharedStorage<WsTraits>) > sizeof(FwdSharedStorage<KvTraits>)),
+                                           FwdWsSharedStorage<WsTraits>, FwdSharedStorage<KvTraits>>;
 
   // The forward (but the KV cache's) runs the warp-specialised kernel.
   static void launch_plain(const FwdParams& params, cudaStream_t stream) {
