@@ -170,6 +170,17 @@ struct Dropout {
       }
     }
   }
+
+  // The forward's dropout: zeroes the dropped entries of P (its 16-bit values in
+  // the accumulator layout, as a (rows, cols) view) in place. The softmax's row
+  // sums keep them: dropped probabilities leave P . V only; the output is scaled
+  // by 1 / (1 - p) once, at the end.
+  template <typename ProbsRowCol, typename Coords, typename Coords0>
+  __device__ __forceinline__ void drop_probabilities(ProbsRowCol&& p_rc, const Coords& coords, const Coords0& coords0,
+                                                     int m0, int n0) const {
+    for_each_mask(coords, coords0, m0, n0,
+                  [&](int r, int c, uint32_t keep) { reinterpret_cast<uint32_t&>(p_rc(r, c)) &= keep; });
+  }
 };
 
 }  // namespace flashattn

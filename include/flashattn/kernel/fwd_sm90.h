@@ -215,12 +215,8 @@ __global__ void __launch_bounds__(Traits::kCtaThreads, 1) fwd_ws_kernel(const Fw
       softmax.update(acc_s_rc, acc_o_rc, params.score_scale_log2);
       Tensor rP = convert_fragment<Element>(acc_s);
       if constexpr (kDropout) {
-        // Dropped probabilities leave P . V only: the row sums above keep them.
-        const Dropout<Traits> drop(params, tile.batch, tile.head);
-        Tensor rP_rc = make_tensor(rP.data(), Traits::rowcol(rP.layout()));
-        drop.for_each_mask(tScS_rc, tScS0_rc, m0, n0, [&](int r, int c, uint32_t keep) {
-          reinterpret_cast<uint32_t&>(rP_rc(r, c)) &= keep;
-        });
+        Dropout<Traits>(params, tile.batch, tile.head)
+            .drop_probabilities(make_tensor(rP.data(), Traits::rowcol(rP.layout())), tScS_rc, tScS0_rc, m0, n0);
       }
       Tensor tOrP = make_tensor(rP.data(), Traits::c_to_a(rP.layout()));
 
