@@ -42,6 +42,16 @@ struct Sm90AccumulatorLayout {
   }
 };
 
+// `setmaxnreg` moves registers within what the CTA got at launch: with
+// __launch_bounds__(threads, 1) that is 64 K / threads per thread, rounded down
+// to a multiple of 8. A split asking for more makes the consumers' allocation
+// wait forever.
+constexpr bool register_split_fits(int producer_threads, int producer_regs, int consumer_threads,
+                                   int consumer_regs) {
+  const int threads = producer_threads + consumer_threads;
+  return producer_regs * producer_threads + consumer_regs * consumer_threads <= (64 * 1024 / threads) / 8 * 8 * threads;
+}
+
 // K-major shared-memory atom for rows of kCols elements: the 128-byte swizzle
 // where the head dim is a multiple of 64, else the 64-byte one (multiples of 32).
 template <typename Element, int kCols>
@@ -96,7 +106,7 @@ struct Sm90FwdWsTraits : Sm90FwdTraits<Element_, kHeadDim_, kBlockM_, kBlockN_> 
   // the producer's cp.async addressing needs few.
   static constexpr int kProducerRegisters = kConsumerThreads == 256 ? 40 : 56;
   static constexpr int kConsumerRegisters = kConsumerThreads == 256 ? 232 : 256;
-  static_assert(kProducerRegisters * kProducerThreads + kConsumerRegisters * kConsumerThreads <= 64 * 1024);
+  static_assert(register_split_fits(kProducerThreads, kProducerRegisters, kConsumerThreads, kConsumerRegisters));
   using Pipeline = cutlass::PipelineAsync<kStages>;
 
   static constexpr int kProducerRowsPerPass = kProducerThreads / Base::kGmemThreadsPerRow;
@@ -107,9 +117,10 @@ struct Sm90FwdWsTraits : Sm90FwdTraits<Element_, kHeadDim_, kBlockM_, kBlockN_> 
       Layout<Shape<_1, _8>>{}));
 };
 
-// sm90 backward: the shared key-stationary backward (kernel/bwd.h) with its five
-// products as SS wgmmas, both operands read from shared memory through
-// descriptors; P and dS go through shared memory as in the other families. Every
+// sm90 backward (the warp-specialised kernel/bwd_sm90.h, traits below): the
+// key-stationary backward's five products as SS wgmmas (kernel/bwd.h's
+// smem_product), both operands read from shared memory through descriptors; P and
+// dS go through shared memory as in the other families. Every
 // tile is laid out in GMMA's K-major swizzle atoms, so that the transposed views
 // the dV, dK and dQ products read (P^T, dS^T, dO^T, Q^T, K^T) are GMMA's MN-major
 // operands of the same bytes. kWarpGroups warpgroups; kAtom*: the warpgroups along
@@ -158,6 +169,38 @@ struct Sm90BwdTraits : Sm90AccumulatorLayout,
   static constexpr bool kCopyZeroFills = true;
   using GmemTiledCopyQKV = decltype(make_tiled_copy(
       Copy_Atom<SM80_CP_ASYNC_CACHEGLOBAL_ZFILL<uint128_t>, Element>{}, typename Base::GmemLayoutAtom{},
+      Layout<Shape<_1, _8>>{}));
+};
+
+// The warp-specialised backward (kernel/bwd_sm90.h): the traits above for the
+// consumer warpgroups, plus one producer warpgroup that copies Q, dO, lse and D
+// of each (query head, query block) into kStages shared-memory stages. P and dS
+// are double-buffered, so the consumers meet once per iteration.
+template <typename Element_, int kHeadDim_, int kBlockM_, int kBlockN_, int kWarpGroups, int kAtomMSdP,
+          int kAtomNdKV, int kAtomMdQ>
+struct Sm90BwdWsTraits
+    : Sm90BwdTraits<Element_, kHeadDim_, kBlockM_, kBlockN_, kWarpGroups, kAtomMSdP, kAtomNdKV, kAtomMdQ, false> {
+  using Base = Sm90BwdTraits<Element_, kHeadDim_, kBlockM_, kBlockN_, kWarpGroups, kAtomMSdP, kAtomNdKV, kAtomMdQ, false>;
+  using Element = Element_;
+  using Base::kBlockM, Base::kBlockN, Base::kHeadDim, Base::kNThreads;
+  static constexpr int kStages = 2;
+  static constexpr int kPdSBuffers = 2;
+  static constexpr int kConsumerThreads = kNThreads;  // every product, P, dS, dQ, dK, dV
+  static constexpr int kProducerThreads = 128;
+  static constexpr int kCtaThreads = kProducerThreads + kConsumerThreads;
+  // Registers per thread after `setmaxnreg`: the consumers hold dK and dV, S and
+  // dP (or dQ) at once; the producer's address arithmetic spills a few.
+  static constexpr int kProducerRegisters = 24;
+  static constexpr int kConsumerRegisters = 240;
+  static_assert(register_split_fits(kProducerThreads, kProducerRegisters, kConsumerThreads, kConsumerRegisters));
+  using Pipeline = cutlass::PipelineAsync<kStages>;
+
+  static constexpr int kProducerRowsPerPass = kProducerThreads / Base::kGmemThreadsPerRow;
+  static_assert(kBlockM % kProducerRowsPerPass == 0, "Q/dO tile smaller than one copy pass");
+  static_assert(kBlockM <= kProducerThreads, "one producer thread per row of lse and D");
+  using ProducerTiledCopy = decltype(make_tiled_copy(
+      Copy_Atom<SM80_CP_ASYNC_CACHEGLOBAL_ZFILL<uint128_t>, Element>{},
+      Layout<Shape<Int<kProducerRowsPerPass>, Int<Base::kGmemThreadsPerRow>>, Stride<Int<Base::kGmemThreadsPerRow>, _1>>{},
       Layout<Shape<_1, _8>>{}));
 };
 

@@ -109,21 +109,146 @@ __global__ void __launch_bounds__(Traits::kNThreads) bwd_convert_dq_kernel(const
 
 // Deterministic dQ: the CTAs adding into one query block take turns in
 // key-block order. A CTA only waits for CTAs with smaller block indices, which
-// the hardware started before it, so the wait always ends.
-__device__ __forceinline__ void wait_for_turn(const int* semaphore, int turn) {
-  if (threadIdx.x == 0) {
+// the hardware started before it, so the wait always ends. `leader` spins, `sync`
+// is the barrier of the threads that add (the whole CTA, or the consumer
+// warpgroups of a warp-specialised kernel).
+template <typename Sync>
+__device__ __forceinline__ void wait_for_turn(const int* semaphore, int turn, bool leader, const Sync& sync) {
+  if (leader) {
     int seen;
     do {
       asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(seen) : "l"(semaphore) : "memory");
     } while (seen != turn);
   }
-  __syncthreads();
+  sync();
 }
 
-__device__ __forceinline__ void end_turn(int* semaphore) {
+template <typename Sync>
+__device__ __forceinline__ void end_turn(int* semaphore, bool leader, const Sync& sync) {
   __threadfence();  // this thread's additions are visible before the next CTA's
-  __syncthreads();
-  if (threadIdx.x == 0) atomicAdd(semaphore, 1);
+  sync();
+  if (leader) atomicAdd(semaphore, 1);
+}
+
+// dQ of one (query head, query block) added into the fp32 accumulator, in
+// scratch_add's coalesced layout; in deterministic mode in key-block order.
+// tidx: 0 .. kNThreads - 1 over the threads that add, `sync` their barrier.
+template <typename Traits, typename Acc, typename Sync>
+__device__ __forceinline__ void add_dq(const BwdParams& params, const AttentionMask& mask, index_t ws_row0, int m0,
+                                       int n_block, const Acc& acc_dq, int tidx, const Sync& sync) {
+  // One semaphore per query block: its first workspace row / 16 (query
+  // blocks of >= 16 rows, sequences apart by >= 16 rows: params.h).
+  int* semaphore =
+      params.dq_semaphore == nullptr ? nullptr : params.dq_semaphore + (ws_row0 + m0) / kBwdSemaphoreRows;
+  if (semaphore != nullptr) {
+    int n_first, n_last;
+    mask.key_block_range(m0, Traits::kBlockM, Traits::kBlockN, n_first, n_last);
+    wait_for_turn(semaphore, n_block - n_first, tidx == 0, sync);
+  }
+  scratch_add<Traits::kNThreads>(params.dq_accum + (ws_row0 + m0) * Traits::kHeadDim, acc_dq, tidx);
+  if (semaphore != nullptr) end_turn(semaphore, tidx == 0, sync);
+}
+
+// P and dS of one tile, in place: acc_s holds S = Q K^T and becomes P = exp2(S *
+// scale_log2 - lse_log2) (masked to 0; times the dropout mask Z), acc_dp holds
+// dP = dO V^T and becomes dS = P (dP - D) (with dropout P (Z dP / (1 - p) - D)).
+// Under wgmma dP may still be in flight: it is waited for after P's exponentials.
+// lse in log2 units as hi + lo (+inf past the sequence's end: P = 0 there), D per
+// row of this thread.
+template <typename Traits, bool kScoreMods, bool kDropout, int kRows, typename Acc, typename Coords,
+          typename CoordsRc>
+__device__ __forceinline__ void p_and_ds(Acc& acc_s, Acc& acc_dp, const float (&lse_hi)[kRows],
+                                         const float (&lse_lo)[kRows], const float (&d_row)[kRows],
+                                         const BwdParams& params, const AttentionMask& mask, const Coords& tScS,
+                                         const Coords& tScS0, const CoordsRc& tScS_rc, const CoordsRc& tScS0_rc,
+                                         int batch, int head, int m0, int n0) {
+  const float softcap = params.softcap;
+  auto dcap = make_tensor_like(acc_s);  // d(softcap(x))/dx, kScoreMods only
+  if constexpr (kScoreMods) {
+    if (softcap > 0.f) {
+      CUTE_UNROLL
+      for (int i = 0; i < size(acc_s); ++i) {
+        const float t = tanh_exp2(acc_s(i) * params.softcap_prescale);
+        acc_s(i) = softcap * t;
+        dcap(i) = 1.f - t * t;
+      }
+    }
+    if (params.alibi_slopes != nullptr) {
+      const float slope = params.alibi_slopes[batch * params.alibi_batch_stride + head] / params.score_scale;
+      mask.add_alibi(acc_s, tScS, tScS0, m0, n0, slope);
+    }
+  }
+  Tensor s_rc = make_tensor(acc_s.data(), Traits::rowcol(acc_s.layout()));
+  Tensor dp_rc = make_tensor(acc_dp.data(), Traits::rowcol(acc_dp.layout()));
+  const float scale_log2 = params.score_scale_log2;
+  CUTE_UNROLL
+  for (int r = 0; r < kRows; ++r) {
+    CUTE_UNROLL
+    for (int c = 0; c < size<1>(s_rc); ++c) s_rc(r, c) = fmaf(s_rc(r, c), scale_log2, -lse_hi[r]) - lse_lo[r];
+  }
+  // Masked after scaling, so that a zero softmax_scale cannot turn -inf into NaN.
+  if (mask.tile_needs_mask(m0, Traits::kBlockM, n0, Traits::kBlockN)) mask.apply(acc_s, tScS, tScS0, m0, n0);
+  CUTE_UNROLL
+  for (int i = 0; i < size(acc_s); ++i) acc_s(i) = exp2f(acc_s(i));
+  products_wait<Traits, 0>(acc_dp);
+  if constexpr (kDropout) {
+    // P Z for dV; dS = P (Z dP / (1 - p) - D).
+    const Dropout<Traits> drop(params, batch, head);
+    drop.for_each_mask(tScS_rc, tScS0_rc, m0, n0, [&](int r, int c, uint32_t keep) {
+      CUTE_UNROLL
+      for (int k = 0; k < 2; ++k) {
+        const float p = s_rc(r, c + k);
+        const bool kept = (keep >> (16 * k)) & 1u;
+        s_rc(r, c + k) = kept ? p : 0.f;
+        dp_rc(r, c + k) = p * ((kept ? dp_rc(r, c + k) * params.dropout_scale : 0.f) - d_row[r]);
+      }
+    });
+  } else {
+    CUTE_UNROLL
+    for (int r = 0; r < kRows; ++r) {
+      CUTE_UNROLL
+      for (int c = 0; c < size<1>(s_rc); ++c) dp_rc(r, c) = s_rc(r, c) * (dp_rc(r, c) - d_row[r]);
+    }
+  }
+  if constexpr (kScoreMods) {
+    if (softcap > 0.f) {
+      CUTE_UNROLL
+      for (int i = 0; i < size(acc_dp); ++i) acc_dp(i) *= dcap(i);
+    }
+  }
+}
+
+// Epilogue: dK (scaled: S was Q K^T unscaled) and dV of the key block at n0
+// through shared memory sdK, sdV (tiles of SmemLayoutKV, nobody reading them:
+// the caller's barrier) for 16-byte stores.
+template <typename Traits, bool kDropout, typename Acc, typename TiledMma, typename SmemTile, typename Sync>
+__device__ __forceinline__ void store_dk_dv(Acc& acc_dk, Acc& acc_dv, TiledMma mma_dkv, SmemTile& sdK, SmemTile& sdV,
+                                            const BwdParams& params, const SeqlenInfo& seq, int batch, int head_k,
+                                            int n0, int tidx, const Sync& sync) {
+  using Element = typename Traits::Element;
+  CUTE_UNROLL
+  for (int i = 0; i < size(acc_dk); ++i) acc_dk(i) *= params.softmax_scale;
+  if constexpr (kDropout) {
+    CUTE_UNROLL
+    for (int i = 0; i < size(acc_dv); ++i) acc_dv(i) *= params.dropout_scale;
+  }
+  auto out_tile = [&](void* base, index_t offset, index_t row_stride) {
+    return make_tensor(make_gmem_ptr(static_cast<Element*>(base) + offset),
+                       make_layout(make_shape(Int<Traits::kBlockN>{}, Int<Traits::kHeadDim>{}),
+                                   make_stride(row_stride, _1{})));
+  };
+  Tensor gdK = out_tile(params.dk, seq.k_offset(params.dk_batch_stride, params.dk_row_stride, batch) +
+                                       head_k * params.dk_head_stride + n0 * params.dk_row_stride,
+                        params.dk_row_stride);  // (N, d)
+  Tensor gdV = out_tile(params.dv, seq.k_offset(params.dv_batch_stride, params.dv_row_stride, batch) +
+                                       head_k * params.dv_head_stride + n0 * params.dv_row_stride,
+                        params.dv_row_stride);  // (N, d)
+  using GmemCopyO = typename Traits::GmemTiledCopyO;
+  using SmemCopyO = typename Traits::SmemCopyAtomO;
+  store_through_smem<GmemCopyO, SmemCopyO>(acc_dk, mma_dkv, sdK, gdK, seq.seqlen_k - n0, params.head_dim, tidx,
+                                           NoRowOffset{}, sync);
+  store_through_smem<GmemCopyO, SmemCopyO>(acc_dv, mma_dkv, sdV, gdV, seq.seqlen_k - n0, params.head_dim, tidx,
+                                           NoRowOffset{}, sync);
 }
 
 // One product acc += A . B^T of the backward, both operands in shared memory:
@@ -283,12 +408,6 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const BwdPara
   clear(acc_dk);
   clear(acc_dv);
 
-  // dQ = dS K is added into the fp32 accumulator, one kBlockM x kHeadDim tile
-  // per (sequence, head, query block), in scratch_add's coalesced layout.
-  auto dq_accum_tile = [&](int head, int m0) {
-    return params.dq_accum + (seq.workspace_row(params, batch, head) + m0) * kHeadDim;
-  };
-
   if (num_iters > 0) {
     // Prologue: K, V and the first Q, dO.
     copy_tile<Traits::kCopyZeroFills>(gmem_copy, tKgK, tKsK, tKcK, tKpK, seq.seqlen_k - n0);
@@ -302,8 +421,6 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const BwdPara
     cp_async_fence();
   }
 
-  const float scale_log2 = params.score_scale_log2;
-  const float softcap = params.softcap;
   int head = head0, m_block = m_begin, q_buffer = 0;
   for (int it = 0; it < num_iters; ++it) {
     const int m0 = m_block * kBlockM;
@@ -349,64 +466,10 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const BwdPara
     product_dp(acc_dp);
     if (Traits::kDoubleBufferQ && has_next) next_q.commit(gmem_copy, next_q_dst);
 
-    // P = exp2(S * scale_log2 - lse_log2), masked to 0, while dP = dO V^T may
-    // still be in flight (wgmma); then dS = P (dP - D). The exponent is one FMA
-    // with the lse's high part, then its low part: no large term cancels after a
-    // rounding.
+    // P and dS, while dP = dO V^T may still be in flight (wgmma).
     products_wait<Traits, 1>(acc_s);
-    auto dcap = make_tensor_like(acc_s);  // d(softcap(x))/dx, kScoreMods only
-    if constexpr (kScoreMods) {
-      if (softcap > 0.f) {
-        CUTE_UNROLL
-        for (int i = 0; i < size(acc_s); ++i) {
-          const float t = tanh_exp2(acc_s(i) * params.softcap_prescale);
-          acc_s(i) = softcap * t;
-          dcap(i) = 1.f - t * t;
-        }
-      }
-      if (params.alibi_slopes != nullptr) {
-        const float slope =
-            params.alibi_slopes[batch * params.alibi_batch_stride + head] / params.score_scale;
-        mask.add_alibi(acc_s, tScS, tScS0, m0, n0, slope);
-      }
-    }
-    Tensor s_rc = make_tensor(acc_s.data(), Traits::rowcol(acc_s.layout()));
-    Tensor dp_rc = make_tensor(acc_dp.data(), Traits::rowcol(acc_dp.layout()));
-    CUTE_UNROLL
-    for (int r = 0; r < kRows; ++r) {
-      CUTE_UNROLL
-      for (int c = 0; c < size<1>(s_rc); ++c) s_rc(r, c) = fmaf(s_rc(r, c), scale_log2, -lse_hi[r]) - lse_lo[r];
-    }
-    // Masked after scaling, so that a zero softmax_scale cannot turn -inf into NaN.
-    if (mask.tile_needs_mask(m0, kBlockM, n0, kBlockN)) mask.apply(acc_s, tScS, tScS0, m0, n0);
-    CUTE_UNROLL
-    for (int i = 0; i < size(acc_s); ++i) acc_s(i) = exp2f(acc_s(i));
-    products_wait<Traits, 0>(acc_dp);
-    if constexpr (kDropout) {
-      // P Z for dV; dS = P (Z dP / (1 - p) - D).
-      const Dropout<Traits> drop(params, batch, head);
-      drop.for_each_mask(tScS_rc, tScS0_rc, m0, n0, [&](int r, int c, uint32_t keep) {
-        CUTE_UNROLL
-        for (int k = 0; k < 2; ++k) {
-          const float p = s_rc(r, c + k);
-          const bool kept = (keep >> (16 * k)) & 1u;
-          s_rc(r, c + k) = kept ? p : 0.f;
-          dp_rc(r, c + k) = p * ((kept ? dp_rc(r, c + k) * params.dropout_scale : 0.f) - d_row[r]);
-        }
-      });
-    } else {
-      CUTE_UNROLL
-      for (int r = 0; r < kRows; ++r) {
-        CUTE_UNROLL
-        for (int c = 0; c < size<1>(s_rc); ++c) dp_rc(r, c) = s_rc(r, c) * (dp_rc(r, c) - d_row[r]);
-      }
-    }
-    if constexpr (kScoreMods) {
-      if (softcap > 0.f) {
-        CUTE_UNROLL
-        for (int i = 0; i < size(acc_dp); ++i) acc_dp(i) *= dcap(i);
-      }
-    }
+    p_and_ds<Traits, kScoreMods, kDropout>(acc_s, acc_dp, lse_hi, lse_lo, d_row, params, mask, tScS, tScS0, tScS_rc,
+                                           tScS0_rc, batch, head, m0, n0);
     Tensor rP = convert_fragment<Element>(acc_s);
     Tensor rdS = convert_fragment<Element>(acc_dp);
     copy(copy_pds, make_tensor(rP.data(), copy_pds.retile(rP.layout())), tPsP);
@@ -438,49 +501,18 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const BwdPara
       if constexpr (!Traits::kDoubleBufferQ) next_q.commit(gmem_copy, next_q_dst);
       next_do.commit(gmem_copy, tdOsdO);
     }
-    // One semaphore per query block: its first workspace row / 16 (query
-    // blocks of >= 16 rows, sequences apart by >= 16 rows: params.h).
-    int* semaphore = params.dq_semaphore == nullptr
-                         ? nullptr
-                         : params.dq_semaphore + (ws_row0 + m0) / kBwdSemaphoreRows;
-    if (semaphore != nullptr) {
-      int n_first, n_last;
-      mask.key_block_range(m0, kBlockM, kBlockN, n_first, n_last);
-      wait_for_turn(semaphore, n_block - n_first);
-    }
-    scratch_add<Traits::kNThreads>(dq_accum_tile(head, m0), acc_dq, tidx);
-    if (semaphore != nullptr) end_turn(semaphore);
+    add_dq<Traits>(params, mask, ws_row0, m0, n_block, acc_dq, tidx, SyncThreads{});
     if constexpr (Traits::kDoubleBufferQ) q_buffer ^= 1;
     head = next_head;
     m_block = next_m_block;
   }
 
-  // Epilogue: dK (scaled: S was Q K^T unscaled) and dV through shared memory
-  // (where Q and dO were) for 16-byte stores.
-  CUTE_UNROLL
-  for (int i = 0; i < size(acc_dk); ++i) acc_dk(i) *= params.softmax_scale;
-  if constexpr (kDropout) {
-    CUTE_UNROLL
-    for (int i = 0; i < size(acc_dv); ++i) acc_dv(i) *= params.dropout_scale;
-  }
+  // Epilogue: dK and dV staged where Q and dO were.
   Tensor sdK = make_tensor(sQ.data(), typename Traits::SmemLayoutKV{});
   Tensor sdV = make_tensor(sdK.data() + size(sdK), typename Traits::SmemLayoutKV{});
-  auto out_tile = [&](void* base, index_t offset, index_t row_stride) {
-    return make_tensor(make_gmem_ptr(static_cast<Element*>(base) + offset),
-                       make_layout(make_shape(Int<kBlockN>{}, Int<kHeadDim>{}), make_stride(row_stride, _1{})));
-  };
-  Tensor gdK = out_tile(params.dk, seq.k_offset(params.dk_batch_stride, params.dk_row_stride, batch) +
-                                       head_k * params.dk_head_stride + n0 * params.dk_row_stride,
-                        params.dk_row_stride);  // (N, d)
-  Tensor gdV = out_tile(params.dv, seq.k_offset(params.dv_batch_stride, params.dv_row_stride, batch) +
-                                       head_k * params.dv_head_stride + n0 * params.dv_row_stride,
-                        params.dv_row_stride);  // (N, d)
   cp_async_wait<0>();
   __syncthreads();  // every warp is done with Q and dO
-  using GmemCopyO = typename Traits::GmemTiledCopyO;
-  using SmemCopyO = typename Traits::SmemCopyAtomO;
-  store_through_smem<GmemCopyO, SmemCopyO>(acc_dk, mma_dkv, sdK, gdK, seq.seqlen_k - n0, params.head_dim, tidx);
-  store_through_smem<GmemCopyO, SmemCopyO>(acc_dv, mma_dkv, sdV, gdV, seq.seqlen_k - n0, params.head_dim, tidx);
+  store_dk_dv<Traits, kDropout>(acc_dk, acc_dv, mma_dkv, sdK, sdV, params, seq, batch, head_k, n0, tidx, SyncThreads{});
 }
 
 }  // namespace flashattn

@@ -43,12 +43,6 @@ struct FwdWsSharedStorage {
   typename Pipeline::SharedStorage pipeline_k, pipeline_v;
 };
 
-// Named barrier of the consumer warpgroups (id 0 after CUTLASS's reserved ones).
-template <typename Traits>
-__device__ __forceinline__ void consumers_sync() {
-  cutlass::arch::NamedBarrier::sync(Traits::kConsumerThreads, 0);
-}
-
 // kDropout: dropout (kernel/dropout.h), the shared forward's template flag.
 template <typename Traits, bool kScoreMods, bool kDropout = false>
 __global__ void __launch_bounds__(Traits::kCtaThreads, 1) fwd_ws_kernel(const FwdParams params) {

@@ -72,4 +72,16 @@ __device__ __forceinline__ void products_wait(Accs&... accs) {
   if constexpr (kUsesWgmma<Traits>) wgmma_wait<kPending>(accs...);
 }
 
+// Named barrier of a warp-specialised kernel's consumer warpgroups (id 0 after
+// CUTLASS's reserved ones): the producer never joins it.
+template <typename Traits>
+__device__ __forceinline__ void consumers_sync() {
+  cutlass::arch::NamedBarrier::sync(Traits::kConsumerThreads, 0);
+}
+
+template <typename Traits>
+struct ConsumersSync {
+  __device__ __forceinline__ void operator()() const { consumers_sync<Traits>(); }
+};
+
 }  // namespace flashattn

@@ -4,6 +4,7 @@
 
 #include <cuda_runtime.h>
 
+#include <type_traits>
 
 #include "flashattn/kernel/bwd.h"
 #include "flashattn/launch/tile_set.h"
@@ -21,8 +22,22 @@ void launch_bwd_variant(const BwdParams& params, cudaStream_t stream) {
       <<<KeyTileScheduler<Traits::kBlockN>::num_ctas(params), Traits::kNThreads, kSmem, stream>>>(params);
 }
 
+// The shared main kernel, one of four by the (score modifiers, dropout) flags.
 template <typename Traits>
-void launch_bwd_kernel(const BwdParams& params, cudaStream_t stream) {
+void launch_bwd_main(const BwdParams& params, cudaStream_t stream) {
+  const bool score_mods = params.softcap > 0.f || params.alibi_slopes != nullptr;
+  if (params.rng_state != nullptr) {
+    if (score_mods) launch_bwd_variant<Traits, true, true>(params, stream);
+    else launch_bwd_variant<Traits, false, true>(params, stream);
+  } else {
+    if (score_mods) launch_bwd_variant<Traits, true, false>(params, stream);
+    else launch_bwd_variant<Traits, false, false>(params, stream);
+  }
+}
+
+// The three passes: preprocess, the main kernel (launch_main), dQ conversion.
+template <typename Traits, typename LaunchMain>
+void launch_bwd_kernel(const BwdParams& params, cudaStream_t stream, LaunchMain launch_main) {
   using Element = typename Traits::Element;
   constexpr int kHeadDim = Traits::kHeadDim;
   static_assert(Traits::kBlockM <= kBwdSeqlenQRounding && kBwdSeqlenQRounding % Traits::kBlockM == 0);
@@ -34,15 +49,7 @@ void launch_bwd_kernel(const BwdParams& params, cudaStream_t stream) {
   const unsigned row_grid = BwdRows::Scheduler::num_ctas(params);
   if (row_grid > 0) bwd_preprocess_kernel<Element, kHeadDim><<<row_grid, BwdRows::kThreads, 0, stream>>>(params);
 
-  const bool score_mods = params.softcap > 0.f || params.alibi_slopes != nullptr;
-  const bool dropout = params.rng_state != nullptr;
-  if (dropout) {
-    if (score_mods) launch_bwd_variant<Traits, true, true>(params, stream);
-    else launch_bwd_variant<Traits, false, true>(params, stream);
-  } else {
-    if (score_mods) launch_bwd_variant<Traits, true, false>(params, stream);
-    else launch_bwd_variant<Traits, false, false>(params, stream);
-  }
+  launch_main(params, stream);
 
   constexpr int kConvertSmem = int(sizeof(ConvertDqSharedStorage<Traits>));
   static_assert(kConvertSmem <= 48 * 1024);
@@ -51,9 +58,20 @@ void launch_bwd_kernel(const BwdParams& params, cudaStream_t stream) {
     bwd_convert_dq_kernel<Traits><<<convert_grid, Traits::kNThreads, kConvertSmem, stream>>>(params);
 }
 
+// A family may run a main kernel of its own (Kernel::launch_main: the sm90
+// family's warp-specialised one) between the shared passes.
+template <typename Kernel, typename = void>
+struct HasOwnBwdMain : std::false_type {};
+template <typename Kernel>
+struct HasOwnBwdMain<Kernel, std::void_t<decltype(&Kernel::launch_main)>> : std::true_type {};
+
 template <typename Kernel>
 void launch_bwd(const BwdParams& params, cudaStream_t stream) {
-  if constexpr (Kernel::kBuilt) launch_bwd_kernel<typename Kernel::Traits>(params, stream);
+  if constexpr (Kernel::kBuilt) {
+    using Traits = typename Kernel::Traits;
+    if constexpr (HasOwnBwdMain<Kernel>::value) launch_bwd_kernel<Traits>(params, stream, &Kernel::launch_main);
+    else launch_bwd_kernel<Traits>(params, stream, &launch_bwd_main<Traits>);  // instantiated only here
+  }
 }
 
 }  // namespace flashattn

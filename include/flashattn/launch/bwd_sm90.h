@@ -1,10 +1,13 @@
-// sm90 family backward: tile shapes per head-dim bucket. Two warpgroups; a query
-// block of 64 rows; 128 keys per CTA up to d128 (the warpgroups split the keys of
-// dK, dV), 64 above (they split the head dim). Shared memory is
-// (3 M x D + 2 N x D + 2 M x N) x 2 bytes: 144 KB at d128, 176 KB at d256.
+// sm90 family backward: the warp-specialised main kernel (kernel/bwd_sm90.h)
+// between the shared preprocess and dQ conversion passes, and its tile per
+// head-dim bucket. Two consumer warpgroups; a query block of 64 rows; 128 keys
+// per CTA up to d128 (the warpgroups split the keys of dK, dV), 64 above (they
+// split the head dim). Shared memory: two Q and two dO stages, K, V, two P and
+// two dS buffers: 160 KB at d128, 224 KB at d256.
 #pragma once
 
 #include "flashattn/arch/sm90.h"
+#include "flashattn/kernel/bwd_sm90.h"
 #include "flashattn/launch/bwd_launch.h"
 
 namespace flashattn {
@@ -14,20 +17,34 @@ struct Sm90BwdTile {
   static constexpr int kM = 64, kN = kHeadDim <= 128 ? 128 : 64;
 };
 
+template <typename Traits, bool kScoreMods, bool kDropout>
+void launch_bwd_ws_variant(const BwdParams& params, cudaStream_t stream) {
+  constexpr int kSmem = int(sizeof(BwdWsSharedStorage<Traits>));
+  static_assert(kSmem <= Traits::kMaxSmemBytes, "the tile needs more shared memory than Hopper gives a CTA");
+  opt_in_smem<bwd_ws_kernel<Traits, kScoreMods, kDropout>>(kSmem, params.device);
+  bwd_ws_kernel<Traits, kScoreMods, kDropout>
+      <<<KeyTileScheduler<Traits::kBlockN>::num_ctas(params), Traits::kCtaThreads, kSmem, stream>>>(params);
+}
+
 // Every tile fits Hopper's 227 KB: one tile set.
 template <typename Element, int kHeadDim, TileSet kSet>
 struct Sm90Bwd {
   static constexpr bool kBuilt = kSet == TileSet::kDefault;
   using T = Sm90BwdTile<kHeadDim>;
-  using Traits = Sm90BwdTraits<Element, kHeadDim, T::kM, T::kN, /*warpgroups=*/2, /*S, dP rows=*/T::kM / 64,
-                               /*dK, dV rows=*/T::kN / 64, /*dQ rows=*/T::kM / 64, /*double-buffered Q=*/true>;
-  using SharedStorage = BwdSharedStorage<Traits>;
-  // wgmma reads its operands through swizzled descriptors, which need every tile
-  // 1024-byte aligned: each tile is a whole number of KB, so they stay aligned
-  // one after another from the start of dynamic shared memory.
-  static_assert(sizeof(SharedStorage::d_o) % 1024 == 0 && sizeof(SharedStorage::k) % 1024 == 0 &&
-                    sizeof(SharedStorage::p) % 1024 == 0,
-                "a shared-memory tile of the wgmma backward would start off a 1024-byte boundary");
+  using Traits = Sm90BwdWsTraits<Element, kHeadDim, T::kM, T::kN, /*warpgroups=*/2, /*S, dP rows=*/T::kM / 64,
+                                 /*dK, dV rows=*/T::kN / 64, /*dQ rows=*/T::kM / 64>;
+  using SharedStorage = BwdWsSharedStorage<Traits>;
+
+  static void launch_main(const BwdParams& params, cudaStream_t stream) {
+    const bool score_mods = params.softcap > 0.f || params.alibi_slopes != nullptr;
+    if (params.rng_state != nullptr) {
+      if (score_mods) launch_bwd_ws_variant<Traits, true, true>(params, stream);
+      else launch_bwd_ws_variant<Traits, false, true>(params, stream);
+    } else {
+      if (score_mods) launch_bwd_ws_variant<Traits, true, false>(params, stream);
+      else launch_bwd_ws_variant<Traits, false, false>(params, stream);
+    }
+  }
 };
 
 }  // namespace flashattn

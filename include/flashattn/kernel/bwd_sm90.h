@@ -1,0 +1,285 @@
+// The sm90 family's warp-specialised backward (Hopper, sm_90a): the shared
+// backward's algorithm (kernel/bwd.h: one CTA per key block walks the query
+// blocks of its GQA group) with its loads taken off the consumers' path. One
+// producer warpgroup copies Q, dO, lse and D of the next (query head, query
+// block) into a ring of shared-memory stages while two consumer warpgroups run
+// the five products as warpgroup MMAs:
+//   S = Q K^T, dP = dO V^T, P and dS (p_and_ds), dV += P^T dO, dK += dS^T Q,
+//   dQ = dS K added into the fp32 accumulator (add_dq).
+// Producer and consumers meet at mbarriers (a full/empty pair per stage for Q +
+// lse and for dO + D, cutlass::PipelineAsync); the consumers meet once per
+// iteration, after writing P and dS, which are double-buffered. `setmaxnreg`
+// hands the producer's registers to the consumers. Masks, score modifiers,
+// dropout, GQA, varlen and deterministic dQ are the shared kernel's code.
+#pragma once
+
+#include <cute/tensor.hpp>
+#include <cutlass/arch/barrier.h>
+#include <cutlass/arch/reg_reconfig.h>
+#include <cutlass/pipeline/sm90_pipeline.hpp>
+
+#include "flashattn/kernel/bwd.h"
+
+namespace flashattn {
+
+using namespace cute;
+
+// Every tile 1024-byte aligned (the 128-byte swizzle's period, which the MMA
+// descriptors assume for each tile's base). dK and dV are staged at the end
+// where the Q and dO stages were.
+template <typename Traits>
+struct BwdWsSharedStorage {
+  using Element = typename Traits::Element;
+  using Pipeline = typename Traits::Pipeline;
+  template <typename Layout>
+  using Tile = cute::array_aligned<Element, cosize_v<Layout>, 1024>;
+  Tile<typename Traits::SmemLayoutQdO> q[Traits::kStages];
+  Tile<typename Traits::SmemLayoutQdO> d_o[Traits::kStages];
+  Tile<typename Traits::SmemLayoutKV> k;
+  Tile<typename Traits::SmemLayoutKV> v;
+  Tile<typename Traits::SmemLayoutPdS> p[Traits::kPdSBuffers];
+  Tile<typename Traits::SmemLayoutPdS> ds[Traits::kPdSBuffers];
+  float lse[Traits::kStages][Traits::kBlockM];  // natural log; +inf past the sequence's end
+  float d[Traits::kStages][Traits::kBlockM];
+  typename Pipeline::SharedStorage pipeline_q, pipeline_do;
+};
+
+template <typename Traits, bool kScoreMods, bool kDropout = false>
+__global__ void __launch_bounds__(Traits::kCtaThreads, 1) bwd_ws_kernel(const BwdParams params) {
+  using Element = typename Traits::Element;
+  using Pipeline = typename Traits::Pipeline;
+  constexpr int kBlockM = Traits::kBlockM;
+  constexpr int kBlockN = Traits::kBlockN;
+  constexpr int kHeadDim = Traits::kHeadDim;
+  using Storage = BwdWsSharedStorage<Traits>;
+  static_assert(sizeof(Storage::q) >= sizeof(Storage::k) && sizeof(Storage::d_o) >= sizeof(Storage::v),
+                "dK and dV are staged where the Q and dO stages were");
+
+  extern __shared__ __align__(1024) char ws_smem[];
+  auto& storage = *reinterpret_cast<Storage*>(ws_smem);
+  const KeyTileScheduler<kBlockN> tile(params);
+  const int head_k = tile.head_k, batch = tile.batch;
+  const SeqlenInfo seq(params, batch);
+  const int n_block = tile.n_block;
+  const int n0 = n_block * kBlockN;
+  if (n0 >= seq.seqlen_k) return;  // a spare slot of the varlen grid: the whole CTA leaves
+  const int group = params.heads / params.heads_k;
+  const int head0 = head_k * group;
+  const AttentionMask mask(params, seq);
+  int m_begin, m_end;
+  mask.query_block_range(n0, kBlockN, kBlockM, m_begin, m_end);
+  const int num_iters = (m_end - m_begin) * group;  // (query head, query block) pairs, head-major
+
+  const int lane = threadIdx.x % 32;
+  const bool producer = threadIdx.x < Traits::kProducerThreads;
+  typename Pipeline::Params pipe_params;
+  pipe_params.role = producer ? Pipeline::ThreadCategory::Producer : Pipeline::ThreadCategory::Consumer;
+  pipe_params.producer_arv_count = Traits::kProducerThreads / 32;
+  pipe_params.consumer_arv_count = Traits::kConsumerThreads / 32;
+  Pipeline pipeline_q(storage.pipeline_q, pipe_params);
+  Pipeline pipeline_do(storage.pipeline_do, pipe_params);
+  __syncthreads();  // barriers initialised before anyone waits on them
+
+  auto gmem_tile = [](const void* base, index_t offset, index_t row_stride, auto rows) {
+    return make_tensor(make_gmem_ptr(static_cast<const Element*>(base) + offset),
+                       make_layout(make_shape(rows, Int<kHeadDim>{}), make_stride(row_stride, _1{})));
+  };
+
+  if (producer) {
+    cutlass::arch::warpgroup_reg_dealloc<Traits::kProducerRegisters>();
+    const int tidx = threadIdx.x;
+    // ---- producer: Q + lse, then dO + D, of iteration `it` into stage it % kStages.
+    Tensor gQ = gmem_tile(params.q, seq.q_offset(params.q_batch_stride, params.q_row_stride, batch) +
+                                        head0 * params.q_head_stride,
+                          params.q_row_stride, Int<kBlockM>{});  // (M, d) of (head0, query block 0)
+    Tensor gdO = gmem_tile(params.dout, seq.q_offset(params.dout_batch_stride, params.dout_row_stride, batch) +
+                                            head0 * params.dout_head_stride,
+                           params.dout_row_stride, Int<kBlockM>{});
+    typename Traits::ProducerTiledCopy gmem_copy;
+    auto thr = gmem_copy.get_thread_slice(tidx);
+    Tensor tQgQ = thr.partition_S(gQ);
+    Tensor tdOgdO = thr.partition_S(gdO);
+    Tensor tQcQ = thr.partition_S(make_identity_tensor(Shape<Int<kBlockM>, Int<kHeadDim>>{}));
+    Tensor tQpQ = make_tensor<bool>(make_shape(size<2>(tQcQ)));
+    CUTE_UNROLL
+    for (int k = 0; k < size(tQpQ); ++k) tQpQ(k) = get<1>(tQcQ(0, 0, k)) < params.head_dim;
+
+    auto state = cutlass::make_producer_start_state<Pipeline>();
+    int head = head0, m_block = m_begin;
+    for (int it = 0; it < num_iters; ++it) {
+      const int m0 = m_block * kBlockM;
+      const int rows_left = seq.seqlen_q - m0;
+      // lse and D of row m0 + tidx, loaded before the stage is free.
+      float lse = 0.f, d = 0.f;
+      if (tidx < kBlockM) {
+        lse = tidx < rows_left ? params.softmax_lse[seq.lse_offset(params, batch, head) + m0 + tidx] : INFINITY;
+        d = params.softmax_d[seq.workspace_row(params, batch, head) + m0 + tidx];  // 0 past the end
+      }
+      const int stage = state.index();
+      Tensor tQsQ = thr.partition_D(make_tensor(make_smem_ptr(storage.q[stage].data()), typename Traits::SmemLayoutQdO{}));
+      Tensor tdOsdO =
+          thr.partition_D(make_tensor(make_smem_ptr(storage.d_o[stage].data()), typename Traits::SmemLayoutQdO{}));
+      pipeline_q.producer_acquire(state);
+      copy_tile<true>(gmem_copy,
+                      make_tensor(tQgQ.data() + (head - head0) * params.q_head_stride +
+                                      index_t(m0) * params.q_row_stride, tQgQ.layout()),
+                      tQsQ, tQcQ, tQpQ, rows_left);
+      cp_async_fence();
+      if (tidx < kBlockM) storage.lse[stage][tidx] = lse;
+      pipeline_do.producer_acquire(state);
+      copy_tile<true>(gmem_copy,
+                      make_tensor(tdOgdO.data() + (head - head0) * params.dout_head_stride +
+                                      index_t(m0) * params.dout_row_stride, tdOgdO.layout()),
+                      tdOsdO, tQcQ, tQpQ, rows_left);
+      cp_async_fence();
+      if (tidx < kBlockM) storage.d[stage][tidx] = d;
+      // cp.async writes go through the generic proxy, wgmma reads through the
+      // async one: each thread fences its landed writes before its warp arrives.
+      cp_async_wait<1>();
+      cutlass::arch::fence_view_async_shared();
+      __syncwarp();
+      if (lane == 0) pipeline_q.producer_commit(state);
+      cp_async_wait<0>();
+      cutlass::arch::fence_view_async_shared();
+      __syncwarp();
+      if (lane == 0) pipeline_do.producer_commit(state);
+      ++state;
+      if (++m_block == m_end) m_block = m_begin, ++head;
+    }
+    return;
+  }
+
+  // ---- consumers
+  cutlass::arch::warpgroup_reg_alloc<Traits::kConsumerRegisters>();
+  const int tidx = threadIdx.x - Traits::kProducerThreads;
+  Tensor sQ = make_tensor(make_smem_ptr(storage.q[0].data()), typename Traits::SmemLayoutQdO{});     // (M, d), stage 0
+  Tensor sdO = make_tensor(make_smem_ptr(storage.d_o[0].data()), typename Traits::SmemLayoutQdO{});  // (M, d), stage 0
+  Tensor sK = make_tensor(make_smem_ptr(storage.k.data()), typename Traits::SmemLayoutKV{});         // (N, d)
+  Tensor sV = make_tensor(make_smem_ptr(storage.v.data()), typename Traits::SmemLayoutKV{});         // (N, d)
+  Tensor sP = make_tensor(make_smem_ptr(storage.p[0].data()), typename Traits::SmemLayoutPdS{});     // (M, N), buffer 0
+  Tensor sdS = make_tensor(make_smem_ptr(storage.ds[0].data()), typename Traits::SmemLayoutPdS{});   // (M, N), buffer 0
+  Tensor sQt = make_tensor(sQ.data(), typename Traits::SmemLayoutQdOt{});    // (d, M)
+  Tensor sdOt = make_tensor(sdO.data(), typename Traits::SmemLayoutQdOt{});  // (d, M)
+  Tensor sKt = make_tensor(sK.data(), typename Traits::SmemLayoutKt{});      // (d, N)
+  Tensor sPt = make_tensor(sP.data(), typename Traits::SmemLayoutPdSt{});    // (N, M)
+  Tensor sdSt = make_tensor(sdS.data(), typename Traits::SmemLayoutPdSt{});  // (N, M)
+  // Element offsets of stage s (Q, dO) and buffer b (P, dS): the tiles of a ring
+  // follow one another (whole KB each).
+  constexpr int kQdOElems = int(sizeof(Storage::q[0]) / sizeof(Element));
+  constexpr int kPdSElems = int(sizeof(Storage::p[0]) / sizeof(Element));
+
+  typename Traits::TiledMmaSdP mma_sdp;
+  typename Traits::TiledMmadKV mma_dkv;
+  typename Traits::TiledMmadQ mma_dq;
+  auto product_s = smem_product<Traits, false, false>(mma_sdp, sQ, sK, tidx);
+  auto product_dp = smem_product<Traits, false, false>(mma_sdp, sdO, sV, tidx);
+  auto product_dv = smem_product<Traits, true, true>(mma_dkv, sPt, sdOt, tidx);
+  auto product_dk = smem_product<Traits, true, true>(mma_dkv, sdSt, sQt, tidx);
+  auto product_dq = smem_product<Traits, false, true>(mma_dq, sdS, sKt, tidx);
+
+  auto thr_sdp = mma_sdp.get_thread_slice(tidx);
+  Tensor cS = make_identity_tensor(Shape<Int<kBlockM>, Int<kBlockN>>{});
+  Tensor tScS = thr_sdp.partition_C(cS);
+  Tensor tScS0 = mma_sdp.get_thread_slice(0).partition_C(cS);
+  Tensor tScS_rc = make_tensor(tScS.data(), Traits::rowcol(tScS.layout()));
+  Tensor tScS0_rc = make_tensor(tScS0.data(), Traits::rowcol(tScS0.layout()));
+  constexpr int kRows = decltype(size<0>(tScS_rc))::value;
+  auto copy_pds = make_tiled_copy_C(typename Traits::SmemCopyAtomO{}, mma_sdp);
+  Tensor tPsP = copy_pds.get_thread_slice(tidx).partition_D(sP);
+  Tensor tdSsdS = copy_pds.get_thread_slice(tidx).partition_D(sdS);
+
+  Tensor acc_dk = partition_fragment_C(mma_dkv, Shape<Int<kBlockN>, Int<kHeadDim>>{});
+  Tensor acc_dv = partition_fragment_C(mma_dkv, Shape<Int<kBlockN>, Int<kHeadDim>>{});
+  clear(acc_dk);
+  clear(acc_dv);
+
+  if (num_iters > 0) {
+    // K and V, loaded by the consumers while the producer starts on Q.
+    typename Traits::GmemTiledCopyQKV gmem_copy;
+    auto thr = gmem_copy.get_thread_slice(tidx);
+    Tensor tKcK = thr.partition_S(make_identity_tensor(Shape<Int<kBlockN>, Int<kHeadDim>>{}));
+    Tensor tKpK = make_tensor<bool>(make_shape(size<2>(tKcK)));
+    CUTE_UNROLL
+    for (int k = 0; k < size(tKpK); ++k) tKpK(k) = get<1>(tKcK(0, 0, k)) < params.head_dim;
+    Tensor gK = gmem_tile(params.k, seq.k_offset(params.k_batch_stride, params.k_row_stride, batch) +
+                                        head_k * params.k_head_stride + n0 * params.k_row_stride,
+                          params.k_row_stride, Int<kBlockN>{});
+    Tensor gV = gmem_tile(params.v, seq.k_offset(params.v_batch_stride, params.v_row_stride, batch) +
+                                        head_k * params.v_head_stride + n0 * params.v_row_stride,
+                          params.v_row_stride, Int<kBlockN>{});
+    Tensor tKsK = thr.partition_D(sK);
+    Tensor tVsV = thr.partition_D(sV);
+    copy_tile<true>(gmem_copy, thr.partition_S(gK), tKsK, tKcK, tKpK, seq.seqlen_k - n0);
+    copy_tile<true>(gmem_copy, thr.partition_S(gV), tVsV, tKcK, tKpK, seq.seqlen_k - n0);
+    cp_async_fence();
+    cp_async_wait<0>();
+    cutlass::arch::fence_view_async_shared();
+    consumers_sync<Traits>();
+  }
+
+  typename Pipeline::PipelineState state;  // stage 0, phase 0: the producer's order
+  int head = head0, m_block = m_begin, pds_buffer = 0;
+  for (int it = 0; it < num_iters; ++it) {
+    const int m0 = m_block * kBlockM;
+    const int stage = state.index();
+    const int q_offset = stage * kQdOElems, pds_offset = pds_buffer * kPdSElems;
+
+    Tensor acc_s = partition_fragment_C(mma_sdp, Shape<Int<kBlockM>, Int<kBlockN>>{});
+    Tensor acc_dp = partition_fragment_C(mma_sdp, Shape<Int<kBlockM>, Int<kBlockN>>{});
+    clear(acc_s);
+    clear(acc_dp);
+    pipeline_q.consumer_wait(state);
+    product_s(acc_s, q_offset);
+    pipeline_do.consumer_wait(state);
+    product_dp(acc_dp, q_offset);
+
+    float lse_hi[kRows], lse_lo[kRows], d_row[kRows];
+    CUTE_UNROLL
+    for (int r = 0; r < kRows; ++r) {
+      const int row = get<0>(tScS_rc(r, 0));
+      lse_to_log2(storage.lse[stage][row], lse_hi[r], lse_lo[r]);
+      d_row[r] = storage.d[stage][row];
+    }
+    products_wait<Traits, 1>(acc_s);
+    p_and_ds<Traits, kScoreMods, kDropout>(acc_s, acc_dp, lse_hi, lse_lo, d_row, params, mask, tScS, tScS0, tScS_rc,
+                                           tScS0_rc, batch, head, m0, n0);
+    Tensor rP = convert_fragment<Element>(acc_s);
+    Tensor rdS = convert_fragment<Element>(acc_dp);
+    copy(copy_pds, make_tensor(rP.data(), copy_pds.retile(rP.layout())),
+         make_tensor(tPsP.data() + pds_offset, tPsP.layout()));
+    copy(copy_pds, make_tensor(rdS.data(), copy_pds.retile(rdS.layout())),
+         make_tensor(tdSsdS.data() + pds_offset, tdSsdS.layout()));
+    cutlass::arch::fence_view_async_shared();
+    // P and dS of both warpgroups written. The buffer written next iteration was
+    // last read by the products of the previous one, which every warpgroup
+    // waited for before arriving here.
+    consumers_sync<Traits>();
+
+    Tensor acc_dq = partition_fragment_C(mma_dq, Shape<Int<kBlockM>, Int<kHeadDim>>{});
+    clear(acc_dq);
+    product_dv(acc_dv, pds_offset, q_offset);
+    product_dk(acc_dk, pds_offset, q_offset);
+    product_dq(acc_dq, pds_offset);
+    products_wait<Traits, 1>(acc_dv, acc_dk);
+    __syncwarp();
+    if (lane == 0) {  // Q and dO of this stage read: the producer may refill it
+      pipeline_q.consumer_release(state);
+      pipeline_do.consumer_release(state);
+    }
+    products_wait<Traits, 0>(acc_dq);
+    add_dq<Traits>(params, mask, seq.workspace_row(params, batch, head), m0, n_block, acc_dq, tidx,
+                   ConsumersSync<Traits>{});
+
+    ++state;
+    pds_buffer ^= 1;
+    if (++m_block == m_end) m_block = m_begin, ++head;
+  }
+
+  Tensor sdK = make_tensor(sQ.data(), typename Traits::SmemLayoutKV{});
+  Tensor sdV = make_tensor(sdO.data(), typename Traits::SmemLayoutKV{});
+  consumers_sync<Traits>();  // every warpgroup is done with Q and dO
+  store_dk_dv<Traits, kDropout>(acc_dk, acc_dv, mma_dkv, sdK, sdV, params, seq, batch, head_k, n0, tidx,
+                                ConsumersSync<Traits>{});
+}
+
+}  // namespace flashattn
