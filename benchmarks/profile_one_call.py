@@ -1,6 +1,6 @@
 """Two forward+backward calls of one shape, for a profiler (ncu, nsys) to capture.
 
-    ncu --clock-control none -k regex:"bwd_kernel|fwd_ws_kernel|fwd_kernel" -c 3 \
+    ncu --clock-control none -k regex:"bwd_ws_kernel|bwd_kernel|fwd_ws_kernel|fwd_kernel" -c 3 \
         --section SpeedOfLight --section ComputeWorkloadAnalysis --section WarpStateStats \
         --section LaunchStats --section Occupancy \
         python3 benchmarks/profile_one_call.py --hdim 128 --seqlen 4096

@@ -3,7 +3,7 @@
 // head-dim bucket. Two consumer warpgroups; a query block of 64 rows; 128 keys
 // per CTA up to d128 (the warpgroups split the keys of dK, dV), 64 above (they
 // split the head dim). Shared memory: two Q and two dO stages, K, V, two P and
-// two dS buffers: 160 KB at d128, 224 KB at d256.
+// two dS buffers: 192 KB at d128, 224 KB at d256.
 #pragma once
 
 #include "flashattn/arch/sm90.h"
