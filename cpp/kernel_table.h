@@ -17,6 +17,7 @@ struct FamilyInfo {
   const char* arch_target;    // "90a" where arch_specific, else ""
   int backward_family;        // whose backward serves this family's forward
   bool bf16;
+  bool tile_counter;          // its forward takes tiles from FwdParams::tile_counter
 };
 
 const std::vector<FamilyInfo>& family_registry();

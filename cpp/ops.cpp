@@ -95,6 +95,7 @@ void check_attn_tensor(const Tensor& t, const char* name, const Tensor& q, bool 
 struct DeviceInfo {
   int cc = 0;             // compute capability, 10 * major + minor
   int num_sms = 0;
+  int l2_bytes = 0;
   int max_smem = 0;       // opt-in shared memory per block, capped by FLASHATTN_MAX_SMEM_KB
   int optin_smem = 0;     // the device's own limit
   int default_family = 0; // the newest built family that runs on it (family_for_capability)
@@ -139,6 +140,7 @@ const DeviceInfo& device_info(int device) {
     query(&major, cudaDevAttrComputeCapabilityMajor, "compute capability");
     query(&minor, cudaDevAttrComputeCapabilityMinor, "compute capability");
     query(&info.num_sms, cudaDevAttrMultiProcessorCount, "multiprocessor count");
+    query(&info.l2_bytes, cudaDevAttrL2CacheSize, "L2 cache size");
     query(&info.optin_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, "shared memory per block");
     info.cc = major * 10 + minor;
     const int cap = smem_cap_bytes();
@@ -542,6 +544,7 @@ int prepare_fwd(const Tensor& q, const Tensor& k, const Tensor& v, const Options
   p.window_right = static_cast<int>(wr);
   p.is_bf16 = dt == ScalarType::BFloat16;
   p.num_sms = dev.num_sms;
+  p.l2_bytes = dev.l2_bytes;
   p.device = device;
   return family;
 }
@@ -650,6 +653,24 @@ std::optional<Tensor> plan_splits(FwdParams& p, const FwdKernelEntry& kernel, in
   return accum;
 }
 
+// Under causal and right-window masks the tiles of a forward weigh differently:
+// a family with `tile_counter` then runs a persistent grid whose CTAs take the
+// next tile (heaviest first) from a counter, zeroed here. Only where its tiles
+// (128 query rows, launch/fwd_sm90.h) outnumber the SMs: else one CTA per tile,
+// and no memset. Returns the counter's memory (undefined when none).
+std::optional<Tensor> zeroed_tile_counter(FwdParams& p, int family, const Tensor& q, cudaStream_t stream) {
+  constexpr int64_t kTileRows = 128;
+  const bool masked = p.window_right >= 0 && p.cu_seqlens_q == nullptr && !p.kv_cache;
+  if (!masked || !family_info(family)->tile_counter ||
+      int64_t(p.batch) * p.heads * ((p.seqlen_q + kTileRows - 1) / kTileRows) <= p.num_sms)
+    return std::nullopt;
+  Tensor counter = torch::stable::empty({1}, ScalarType::Float, std::nullopt, q.device());
+  p.tile_counter = static_cast<int*>(counter.data_ptr());
+  const cudaError_t err = cudaMemsetAsync(p.tile_counter, 0, sizeof(int), stream);
+  FA_CHECK(err == cudaSuccess, "clearing the forward's tile counter failed: ", cudaGetErrorString(err));
+  return counter;
+}
+
 // `cache`: a varlen forward over a KV cache (pages, seqused_k); forward only.
 Tensor run_fwd(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
                const Options& o, const Varlen* varlen = nullptr, const CacheArgs* cache = nullptr) {
@@ -670,7 +691,9 @@ Tensor run_fwd(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& 
   if (p.cu_seqlens_q == nullptr && p.seqlen_q <= kernel.kv_block_m && !dropout) p.kv_cache = true;
   pack_gqa(p);
   const std::optional<Tensor> accum = dropout ? std::nullopt : plan_splits(p, kernel, 0, q);
-  kernel.fn(p, current_stream(q.get_device_index()));
+  const cudaStream_t stream = current_stream(q.get_device_index());
+  const std::optional<Tensor> counter = zeroed_tile_counter(p, family, q, stream);
+  kernel.fn(p, stream);
   check_launch("forward");
   return lse;
 }

@@ -193,6 +193,8 @@ DETERMINISTIC_CASES = {
     "full": {"s": (1024, 1024), "h_k": HEADS},
     "causal": {"s": (1024, 1024), "h_k": HEADS, "causal": True},
     "causal_gqa8": {"s": (2048, 2048), "h_k": 1, "causal": True},
+    # d128/d256: the causal order's L2 sections hold fewer (head, sequence) pairs than there are
+    "causal_sections": {"s": (2048, 2048), "h_k": HEADS, "causal": True},
     "window_sq_lt_sk": {"s": (300, 1000), "h_k": 2, "window": (128, 32)},
     "sq_gt_sk_causal": {"s": (1000, 300), "h_k": 4, "causal": True},
 }

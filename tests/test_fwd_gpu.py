@@ -204,6 +204,25 @@ def test_large_batch_and_heads():
     assert_standard("out", out, ref, lowp, FWD_FACTOR)
 
 
+@pytest.mark.parametrize(
+    "mask",
+    [{}, {"causal": True}, {"window": (100, 0)}],
+    ids=["full", "causal", "window"],
+)
+@pytest.mark.parametrize("s_q, s_k", [(640, 640), (640, 300)])
+@pytest.mark.parametrize("d", [64, 128, 192, 256])
+@pytest.mark.parametrize("family, dtype", FAMILY_DTYPES)
+def test_several_tiles_per_cta(family, dtype, d, s_q, s_k, mask):
+    # 320 query tiles of 128 rows: more than the SMs of any GPU we serve, so a
+    # persistent kernel's CTAs each compute several, in the order the causal and
+    # window masks sort by weight. With s_q > s_k the first query blocks of a causal
+    # mask see no key (zero output, lse +inf) between tiles that do. d 64/128: the
+    # output tile beside Q; d 192/256: staged where Q was.
+    fam = require(family, dtype, d)
+    q, k, v = make_qkv(4, s_q, s_k, 16, 4, d, dtype, seed=21)
+    check_forward(q, k, v, fam, **mask)
+
+
 # ---- the full grid
 
 
@@ -360,17 +379,20 @@ def test_torch_compile_inductor_forward():
     torch.testing.assert_close(compiled, eager, rtol=0, atol=0)
 
 
-def test_cuda_graph_capture_and_replay():
+@pytest.mark.parametrize("b, s, h", [(2, 128, HEADS), (4, 640, 16)], ids=["one_wave", "tile_counter"])
+def test_cuda_graph_capture_and_replay(b, s, h):
     # Capturable: no host sync, allocations from torch's allocator, launch on the
     # capturing stream. Replays see new inputs copied into the static buffers.
-    q, k, v = make_qkv(2, 128, 128, HEADS, HEADS, 128, torch.float16, seed=16)
+    # tile_counter: more causal tiles than SMs, where a persistent forward takes its
+    # tiles from a counter that each replay must zero again.
+    q, k, v = make_qkv(b, s, s, h, h, 128, torch.float16, seed=16)
     require(f"sm{_dispatch.resolve_family(q.device, q.dtype)}", q.dtype, 128)
     flashattn.flash_attn_func(q, k, v)  # warm up outside the capture
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         out = flashattn.flash_attn_func(q, k, v, causal=True)
-    for seed in (17, 18):
-        new = make_qkv(2, 128, 128, HEADS, HEADS, 128, torch.float16, seed=seed)
+    for seed in (17, 18, 19):
+        new = make_qkv(b, s, s, h, h, 128, torch.float16, seed=seed)
         for dst, src in zip((q, k, v), new):
             dst.copy_(src)
         graph.replay()

@@ -75,6 +75,11 @@ struct FwdParams {
 
   bool is_bf16 = false;
   int num_sms = 0;  // of the device, for grid heuristics
+  int l2_bytes = 0;  // of the device: the tile order's L2 sections (tile_scheduler.h)
+  // A zeroed int32 from which a persistent forward's CTAs take their next tile
+  // (QueryTileScheduler::num_persistent_ctas); nullptr: each CTA steps through the
+  // tiles by the grid size.
+  int* __restrict__ tile_counter = nullptr;
   int device = 0;   // CUDA device index (host side: the once-per-device shared-memory opt-in)
 
   // KV cache: read only by the cache kernel (fwd_kernel<..., kKvCache = true>),

@@ -102,10 +102,11 @@ struct Sm90FwdWsTraits : Sm90FwdTraits<Element_, kHeadDim_, kBlockM_, kBlockN_> 
   static constexpr int kConsumerThreads = Base::kNThreads;  // GmemTiledCopyQKV/O: Q and O, by the consumers
   static constexpr int kProducerThreads = 128;
   static constexpr int kCtaThreads = kProducerThreads + kConsumerThreads;
-  // Registers per thread after `setmaxnreg` (multiples of 8, within 64 K per CTA):
-  // the producer's cp.async addressing needs few.
-  static constexpr int kProducerRegisters = kConsumerThreads == 256 ? 40 : 56;
-  static constexpr int kConsumerRegisters = kConsumerThreads == 256 ? 232 : 256;
+  // Registers per thread after `setmaxnreg` (multiples of 8, within what the
+  // CTA got at launch): the producer's per-tile state (the tile it publishes, Q's
+  // copy, the K/V stages) spilled at 40; the consumers need no more than 224.
+  static constexpr int kProducerRegisters = 56;
+  static constexpr int kConsumerRegisters = kConsumerThreads == 256 ? 224 : 256;
   static_assert(register_split_fits(kProducerThreads, kProducerRegisters, kConsumerThreads, kConsumerRegisters));
   using Pipeline = cutlass::PipelineAsync<kStages>;
 

@@ -67,6 +67,27 @@ __device__ __forceinline__ VarlenTile varlen_tile(const int* cu, int batch_count
   return t;
 }
 
+// Heaviest tiles first (under a causal or right-window mask) means the tiles
+// of one block index across many (head, sequence) pairs run together, and each
+// pair's shared operands (for the backward: Q, dO and the dQ accumulator) are
+// read again from memory by every wave. L2 sections bound that: the order runs
+// one section of pairs after the other, a section holding as many pairs as half
+// the L2 keeps (bytes_per_pair each), heaviest block first within it. Returns
+// the block's rank by weight (0: heaviest) and the pair.
+struct SectionedTile {
+  int rank;
+  int64_t pair;
+};
+__device__ __forceinline__ SectionedTile sectioned_tile(int64_t index, int num_blocks, int64_t num_pairs,
+                                                        int64_t bytes_per_pair, int l2_bytes) {
+  int64_t section = int64_t(l2_bytes) / 2 / (bytes_per_pair > 0 ? bytes_per_pair : 1);
+  section = section < 1 ? 1 : section > num_pairs ? num_pairs : section;
+  const int64_t first = index / (section * num_blocks) * section;
+  const int64_t width = num_pairs - first < section ? num_pairs - first : section;
+  const int64_t r = index - first * num_blocks;
+  return {int(r / width), first + r % width};
+}
+
 // Forward (and the backward's row kernels): (query block, head, sequence).
 // Fixed-length: query block fastest, then head, then sequence. Varlen: the
 // compact slots of one head, then the next head. Under a causal or window mask
@@ -82,15 +103,32 @@ struct QueryTileScheduler {
 
   __host__ __device__ static int num_m_blocks(int seqlen) { return (seqlen + kBlockM - 1) / kBlockM; }
   // < 2^31 CTAs: checked on the host (more would need more memory than exists).
-  static unsigned num_ctas(const FwdParams& p) {
+  // Also the number of tiles, which a persistent grid's CTAs share out.
+  __host__ __device__ static unsigned num_ctas(const FwdParams& p) {
     const int64_t per_head = p.cu_seqlens_q == nullptr ? int64_t(num_m_blocks(p.seqlen_q)) * p.batch
                                                        : varlen_num_slots<kBlockM>(p.total_q, p.batch);
     return unsigned(per_head * p.heads * (kSplits ? p.num_splits : 1));
   }
 
-  __device__ explicit QueryTileScheduler(const FwdParams& p) {
+  // A persistent grid for a fixed-length batch: one CTA per SM (a CTA fills
+  // one). Its CTA c starts with tile c; then, where every tile weighs alike (no
+  // causal or right-window mask), it steps through the tiles by the grid size,
+  // else it takes the next tile in order (heaviest first) from p.tile_counter, as
+  // soon as it is free. Without a counter, and for varlen batches (whose tiles
+  // differ too), one CTA per tile: the GPU hands each to whichever SM is free.
+  static unsigned num_persistent_ctas(const FwdParams& p) {
+    const unsigned tiles = num_ctas(p);
+    const bool persistent = !kSplits && p.cu_seqlens_q == nullptr && p.num_sms > 0 &&
+                            (p.window_right < 0 || p.tile_counter != nullptr);
+    return persistent && tiles > unsigned(p.num_sms) ? unsigned(p.num_sms) : tiles;
+  }
+
+  __device__ explicit QueryTileScheduler(const FwdParams& p) : QueryTileScheduler(p, blockIdx.x) {}
+
+  // Tile `index` of the grid.
+  __device__ QueryTileScheduler(const FwdParams& p, int64_t index) {
     const bool reverse = p.window_right >= 0;
-    int64_t bid = blockIdx.x;
+    int64_t bid = index;
     if constexpr (kSplits) {
       split = int(bid % p.num_splits);
       bid /= p.num_splits;
@@ -124,10 +162,11 @@ __device__ __forceinline__ void split_key_blocks(int split, int num_splits, int&
 
 // Backward: (key block, kv head, sequence). Key block fastest, so that CTAs
 // running together share Q and dO in L2. Fixed-length under a causal mask the
-// first key blocks are seen by the most queries: there every (kv head,
-// sequence)'s block 0 starts first, then block 1, ... Varlen: compact slots per kv
-// head, key blocks in order. Either way a smaller key block of the same (head,
-// sequence) has a smaller index: in deterministic mode a CTA waits only for those.
+// first key blocks are seen by the most queries: there block 0 of every (kv
+// head, sequence) of an L2 section starts first, then block 1, ... Varlen:
+// compact slots per kv head, key blocks in order. Either way a smaller key block
+// of the same (head, sequence) has a smaller index: in deterministic mode a CTA
+// waits only for those.
 template <int kBlockN>
 struct KeyTileScheduler {
   int n_block, head_k, batch;
@@ -142,10 +181,14 @@ struct KeyTileScheduler {
   __device__ explicit KeyTileScheduler(const FwdParams& p) {
     if (p.cu_seqlens_k == nullptr) {
       const int num_n = num_n_blocks(p.seqlen_k);
-      const int64_t num_bhk = int64_t(p.heads_k) * p.batch;
-      const bool heavy_first = p.window_right >= 0;
-      n_block = int(heavy_first ? blockIdx.x / num_bhk : blockIdx.x % num_n);
-      const int64_t bhk = heavy_first ? blockIdx.x % num_bhk : blockIdx.x / num_n;
+      int64_t bhk = blockIdx.x / num_n;
+      n_block = int(blockIdx.x % num_n);
+      if (p.window_right >= 0) {  // heavy first: Q, dO (16-bit) and the fp32 dQ sum of a kv head's group
+        const int64_t bytes = int64_t(p.seqlen_q) * (p.heads / p.heads_k) * p.head_dim * (2 + 2 + 4);
+        const SectionedTile t = sectioned_tile(blockIdx.x, num_n, int64_t(p.heads_k) * p.batch, bytes, p.l2_bytes);
+        n_block = t.rank;
+        bhk = t.pair;
+      }
       head_k = int(bhk % p.heads_k);
       batch = int(bhk / p.heads_k);
     } else {

@@ -30,7 +30,7 @@ void launch_fwd_ws_variant(const FwdParams& params, cudaStream_t stream) {
   static_assert(kSmem <= Traits::kMaxSmemBytes, "the tile needs more shared memory than Hopper gives a CTA");
   opt_in_smem<fwd_ws_kernel<Traits, kScoreMods, kDropout>>(kSmem, params.device);
   fwd_ws_kernel<Traits, kScoreMods, kDropout>
-      <<<QueryTileScheduler<Traits::kBlockM>::num_ctas(params), Traits::kCtaThreads, kSmem, stream>>>(params);
+      <<<QueryTileScheduler<Traits::kBlockM>::num_persistent_ctas(params), Traits::kCtaThreads, kSmem, stream>>>(params);
 }
 
 // The KV cache kernel: one warpgroup of 64 query rows (decode has few).
