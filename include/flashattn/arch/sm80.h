@@ -90,7 +90,6 @@ struct Sm80FwdTraits : Sm80AccumulatorLayout {
   static constexpr int kGmemThreadsPerRow = kBlockKSmem / kGmemElemsPerLoad;
   using GmemLayoutAtom = Layout<Shape<Int<kNThreads / kGmemThreadsPerRow>, Int<kGmemThreadsPerRow>>,
                                 Stride<Int<kGmemThreadsPerRow>, _1>>;
-  static_assert(kBlockN % (kNThreads / kGmemThreadsPerRow) == 0, "K/V tile smaller than one copy pass");
   // cp.async that zero-fills rows and columns outside the tensor by itself; it
   // overlaps loads with compute without staging them in registers.
   static constexpr bool kCopyZeroFills = true;

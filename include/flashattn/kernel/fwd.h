@@ -178,6 +178,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(const FwdPara
 
   // Global <-> shared partitions and their predicates: the head dim inside
   // its bucket (columns) and the sequence tails (rows).
+  static_assert(Traits::kBlockN % (Traits::kNThreads / Traits::kGmemThreadsPerRow) == 0,
+                "K/V tile smaller than one copy pass");
   typename Traits::GmemTiledCopyQKV gmem_copy;
   auto gmem_thr = gmem_copy.get_thread_slice(tidx);
   Tensor tQgQ = gmem_thr.partition_S(gQ);

@@ -12,10 +12,17 @@
 
 namespace flashattn {
 
+#if defined(FLASHATTN_SM90_BWD_TILE_M) && defined(FLASHATTN_SM90_BWD_TILE_N)
+template <int kHeadDim>
+struct Sm90BwdTile {
+  static constexpr int kM = FLASHATTN_SM90_BWD_TILE_M, kN = FLASHATTN_SM90_BWD_TILE_N;
+};
+#else
 template <int kHeadDim>
 struct Sm90BwdTile {
   static constexpr int kM = 64, kN = kHeadDim <= 128 ? 128 : 64;
 };
+#endif
 
 template <typename Traits, bool kScoreMods, bool kDropout>
 void launch_bwd_ws_variant(const BwdParams& params, cudaStream_t stream) {

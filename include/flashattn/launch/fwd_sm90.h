@@ -12,6 +12,12 @@
 
 namespace flashattn {
 
+// Dropout's 8-bit units span the column groups of four lanes (kernel/dropout.h):
+// its kernels keep key blocks of a multiple of 32 columns.
+template <int kHeadDim>
+struct Sm90FwdWsDropoutTile {
+  static constexpr int kM = 128, kN = kHeadDim <= 160 ? 128 : kHeadDim <= 192 ? 96 : 64;
+};
 #if defined(FLASHATTN_SM90_TILE_M) && defined(FLASHATTN_SM90_TILE_N)
 template <int kHeadDim>
 struct Sm90FwdWsTile {
@@ -19,9 +25,7 @@ struct Sm90FwdWsTile {
 };
 #else
 template <int kHeadDim>
-struct Sm90FwdWsTile {
-  static constexpr int kM = 128, kN = kHeadDim <= 160 ? 128 : kHeadDim <= 192 ? 96 : 64;
-};
+struct Sm90FwdWsTile : Sm90FwdWsDropoutTile<kHeadDim> {};
 #endif
 
 template <typename Traits, bool kScoreMods, bool kDropout>
@@ -47,16 +51,18 @@ struct Sm90Fwd {
   using KvTraits = Sm90FwdTraits<Element, kHeadDim, KvTile::kM, KvTile::kN>;
   using WsTile = Sm90FwdWsTile<kHeadDim>;
   using WsTraits = Sm90FwdWsTraits<Element, kHeadDim, WsTile::kM, WsTile::kN>;
-  // The kernel table's shared memory: the larger of the two forward kernels'.
-  using SharedStorage = std::conditional_t<(sizeof(FwdWsSharedStorage<WsTraits>) > sizeof(FwdSharedStorage<KvTraits>)),
-                                           FwdWsSharedStorage<WsTraits>, FwdSharedStorage<KvTraits>>;
+  using WsDropoutTile = Sm90FwdWsDropoutTile<kHeadDim>;
+  using WsDropoutTraits = Sm90FwdWsTraits<Element, kHeadDim, WsDropoutTile::kM, WsDropoutTile::kN>;
+  // The kernel table's shared memory: the largest of the forward kernels'.
+  using SharedStorage = LargestType<FwdWsSharedStorage<WsTraits>, FwdWsSharedStorage<WsDropoutTraits>,
+                                    FwdSharedStorage<KvTraits>>;
 
   // The forward (but the KV cache's) runs the warp-specialised kernel.
   static void launch_plain(const FwdParams& params, cudaStream_t stream) {
     const bool score_mods = params.softcap > 0.f || params.alibi_slopes != nullptr;
     if (params.rng_state != nullptr) {
-      if (score_mods) launch_fwd_ws_variant<WsTraits, true, true>(params, stream);
-      else launch_fwd_ws_variant<WsTraits, false, true>(params, stream);
+      if (score_mods) launch_fwd_ws_variant<WsDropoutTraits, true, true>(params, stream);
+      else launch_fwd_ws_variant<WsDropoutTraits, false, true>(params, stream);
     } else {
       if (score_mods) launch_fwd_ws_variant<WsTraits, true, false>(params, stream);
       else launch_fwd_ws_variant<WsTraits, false, false>(params, stream);

@@ -13,12 +13,24 @@
 
 #include <atomic>
 #include <cstdint>
+#include <type_traits>
 
 namespace flashattn {
 
 enum class TileSet : int { kDefault = 0, kSmem99 = 1 };
 
 constexpr int kSmem99Bytes = 99 * 1024;
+
+// The largest of several shared-memory structs (where a family's kernels for
+// one bucket differ, the kernel table states the largest).
+template <typename T, typename... Rest>
+struct Largest {
+  using type = T;
+};
+template <typename T, typename U, typename... Rest>
+struct Largest<T, U, Rest...> : Largest<std::conditional_t<(sizeof(U) > sizeof(T)), U, T>, Rest...> {};
+template <typename... Ts>
+using LargestType = typename Largest<Ts...>::type;
 
 // Shared memory of a family's kernel for one bucket and tile set (Kernel: its
 // SharedStorage and kBuilt), for the kernel table; 0 where the set has no tile
