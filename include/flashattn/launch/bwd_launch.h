@@ -25,14 +25,9 @@ void launch_bwd_variant(const BwdParams& params, cudaStream_t stream) {
 // The shared main kernel, one of four by the (score modifiers, dropout) flags.
 template <typename Traits>
 void launch_bwd_main(const BwdParams& params, cudaStream_t stream) {
-  const bool score_mods = params.softcap > 0.f || params.alibi_slopes != nullptr;
-  if (params.rng_state != nullptr) {
-    if (score_mods) launch_bwd_variant<Traits, true, true>(params, stream);
-    else launch_bwd_variant<Traits, false, true>(params, stream);
-  } else {
-    if (score_mods) launch_bwd_variant<Traits, true, false>(params, stream);
-    else launch_bwd_variant<Traits, false, false>(params, stream);
-  }
+  launch_variant(params, [&](auto score_mods, auto dropout) {
+    launch_bwd_variant<Traits, decltype(score_mods)::value, decltype(dropout)::value>(params, stream);
+  });
 }
 
 // The three passes: preprocess, the main kernel (launch_main), dQ conversion.

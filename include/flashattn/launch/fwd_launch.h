@@ -40,14 +40,9 @@ void launch_fwd_variant(const FwdParams& params, cudaStream_t stream) {
 
 template <typename Traits>
 void launch_fwd_kernel(const FwdParams& params, cudaStream_t stream) {
-  const bool score_mods = params.softcap > 0.f || params.alibi_slopes != nullptr;
-  if (params.rng_state != nullptr) {
-    if (score_mods) launch_fwd_variant<Traits, true, true>(params, stream);
-    else launch_fwd_variant<Traits, false, true>(params, stream);
-  } else {
-    if (score_mods) launch_fwd_variant<Traits, true, false>(params, stream);
-    else launch_fwd_variant<Traits, false, false>(params, stream);
-  }
+  launch_variant(params, [&](auto score_mods, auto dropout) {
+    launch_fwd_variant<Traits, decltype(score_mods)::value, decltype(dropout)::value>(params, stream);
+  });
 }
 
 // A family may run the forward but the KV cache's with a kernel of its own

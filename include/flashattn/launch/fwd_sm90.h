@@ -59,14 +59,10 @@ struct Sm90Fwd {
 
   // The forward (but the KV cache's) runs the warp-specialised kernel.
   static void launch_plain(const FwdParams& params, cudaStream_t stream) {
-    const bool score_mods = params.softcap > 0.f || params.alibi_slopes != nullptr;
-    if (params.rng_state != nullptr) {
-      if (score_mods) launch_fwd_ws_variant<WsDropoutTraits, true, true>(params, stream);
-      else launch_fwd_ws_variant<WsDropoutTraits, false, true>(params, stream);
-    } else {
-      if (score_mods) launch_fwd_ws_variant<WsTraits, true, false>(params, stream);
-      else launch_fwd_ws_variant<WsTraits, false, false>(params, stream);
-    }
+    launch_variant(params, [&](auto score_mods, auto dropout) {
+      using Traits = std::conditional_t<decltype(dropout)::value, WsDropoutTraits, WsTraits>;
+      launch_fwd_ws_variant<Traits, decltype(score_mods)::value, decltype(dropout)::value>(params, stream);
+    });
   }
 };
 

@@ -32,6 +32,20 @@ struct Largest<T, U, Rest...> : Largest<std::conditional_t<(sizeof(U) > sizeof(T
 template <typename... Ts>
 using LargestType = typename Largest<Ts...>::type;
 
+// Every main kernel takes score modifiers (softcap, ALiBi) and dropout as
+// template flags: calls launch(kScoreMods, kDropout), both std::bool_constant,
+// with the variant a call needs.
+template <typename Params, typename Launch>
+void launch_variant(const Params& params, Launch&& launch) {
+  const bool score_mods = params.softcap > 0.f || params.alibi_slopes != nullptr;
+  auto with_dropout = [&](auto dropout) {
+    if (score_mods) launch(std::true_type{}, dropout);
+    else launch(std::false_type{}, dropout);
+  };
+  if (params.rng_state != nullptr) with_dropout(std::true_type{});
+  else with_dropout(std::false_type{});
+}
+
 // Shared memory of a family's kernel for one bucket and tile set (Kernel: its
 // SharedStorage and kBuilt), for the kernel table; 0 where the set has no tile
 // of its own.
