@@ -1,9 +1,10 @@
 // The sm90 family's warp-specialised forward (Hopper, sm_90a): one producer
-// warpgroup loads Q, K and V into rings of shared-memory stages while the consumer
-// warpgroups (64 query rows each) run S = Q K^T and O += P V as warpgroup MMAs
-// and the softmax between them. Producer and consumers meet at mbarriers (one
-// full/empty pair per stage, cutlass::PipelineAsync); `setmaxnreg` hands the
-// producer's registers to the consumers. Everything else is the shared kernel's:
+// thread loads Q, K and V by TMA into rings of shared-memory stages while the
+// consumer warpgroups (64 query rows each) run S = Q K^T and O += P V as
+// warpgroup MMAs and the softmax between them. Producer and consumers meet at
+// mbarriers (one full/empty pair per stage, cutlass::PipelineTmaAsync: a stage
+// is full when its bytes landed); `setmaxnreg` hands the producer warpgroup's
+// registers to the consumers. Everything else is the shared kernel's:
 // masks, online softmax, score modifiers, tile scheduler, epilogue.
 //
 // It serves the forward (dense and varlen, with causal/window masks, softcap,
@@ -41,17 +42,35 @@ struct FwdWsTiles {
   cute::array_aligned<Element, cosize_v<typename Traits::SmemLayoutKV>, 1024> k[Traits::kStages];
   cute::array_aligned<Element, cosize_v<typename Traits::SmemLayoutKV>, 1024> v[Traits::kStages];
   typename Traits::Pipeline::SharedStorage pipeline_k, pipeline_v;
-  typename cutlass::PipelineAsync<1>::SharedStorage pipeline_q;
-  int tile_index;    // the tile of the Q stage, from the producer; -1: no more tiles
-  int next_tile[2];  // the counter's answer, from producer thread 0 to its warpgroup
+  typename Traits::PipelineQ::SharedStorage pipeline_q;
+  int tile_index;  // the tile of the Q stage, from the producer; -1: no more tiles
 };
 template <typename Traits>
 struct FwdWsTilesWithO : FwdWsTiles<Traits> {
   cute::array_aligned<typename Traits::Element, cosize_v<typename Traits::SmemLayoutO>, 1024> o;
 };
+// The TMA descriptors of Q, K and V (launch/fwd_sm90.h makes them per call):
+// a kernel parameter, so that they sit in constant memory.
+template <typename Traits>
+struct FwdWsLoads {
+  typename Traits::TmaQ q;
+  typename Traits::TmaKV k, v;
+};
 template <typename Traits>
 using FwdWsSharedStorage = std::conditional_t<sizeof(FwdWsTilesWithO<Traits>) <= Traits::kMaxSmemBytes,
                                               FwdWsTilesWithO<Traits>, FwdWsTiles<Traits>>;
+
+// A stage filled by TMA from producer thread 0 (which announces `bytes`) and
+// released by each consumer warp.
+template <typename Pipeline, typename Traits>
+__device__ typename Pipeline::Params tma_pipeline_params(bool producer, uint32_t bytes) {
+  typename Pipeline::Params p;
+  p.role = producer ? Pipeline::ThreadCategory::Producer : Pipeline::ThreadCategory::Consumer;
+  p.is_leader = threadIdx.x == 0;
+  p.num_consumers = Traits::kConsumerThreads / 32;
+  p.transaction_bytes = bytes;
+  return p;
+}
 
 // CTA c computes tiles c, c + gridDim.x, ...: one where the grid has a CTA per
 // tile, several in a persistent grid (QueryTileScheduler::num_persistent_ctas).
@@ -63,10 +82,11 @@ using FwdWsSharedStorage = std::conditional_t<sizeof(FwdWsTilesWithO<Traits>) <=
 //
 // kDropout: dropout (kernel/dropout.h), the shared forward's template flag.
 template <typename Traits, bool kScoreMods, bool kDropout = false>
-__global__ void __launch_bounds__(Traits::kCtaThreads, 1) fwd_ws_kernel(const FwdParams params) {
+__global__ void __launch_bounds__(Traits::kCtaThreads, 1)
+    fwd_ws_kernel(const FwdParams params, const __grid_constant__ FwdWsLoads<Traits> loads) {
   using Element = typename Traits::Element;
   using Pipeline = typename Traits::Pipeline;
-  using PipelineQ = cutlass::PipelineAsync<1>;
+  using PipelineQ = typename Traits::PipelineQ;
   using SharedStorage = FwdWsSharedStorage<Traits>;
   constexpr bool kOwnOutputTile = std::is_same_v<SharedStorage, FwdWsTilesWithO<Traits>>;
   constexpr int kBlockM = Traits::kBlockM;
@@ -77,52 +97,46 @@ __global__ void __launch_bounds__(Traits::kCtaThreads, 1) fwd_ws_kernel(const Fw
   auto& storage = *reinterpret_cast<SharedStorage*>(ws_smem);
   const int num_tiles = int(QueryTileScheduler<kBlockM>::num_ctas(params));  // < 2^31 (host check)
 
-  // Barriers: full (a stage landed; one arrival per producer warp) and empty (a
-  // stage was read; one arrival per consumer warp), initialised by warp 0.
+  // Barriers: full (a stage's bytes landed; the producer thread arrives and
+  // announces them) and empty (a stage was read; one arrival per consumer
+  // warp), initialised by warp 0.
   const int lane = threadIdx.x % 32;
   const bool producer = threadIdx.x < Traits::kProducerThreads;
-  typename Pipeline::Params pipe_params;
-  pipe_params.role = producer ? Pipeline::ThreadCategory::Producer : Pipeline::ThreadCategory::Consumer;
-  pipe_params.producer_arv_count = Traits::kProducerThreads / 32;
-  pipe_params.consumer_arv_count = Traits::kConsumerThreads / 32;
-  Pipeline pipeline_k(storage.pipeline_k, pipe_params);
-  Pipeline pipeline_v(storage.pipeline_v, pipe_params);
-  typename PipelineQ::Params pipe_q_params;
-  pipe_q_params.role = producer ? PipelineQ::ThreadCategory::Producer : PipelineQ::ThreadCategory::Consumer;
-  pipe_q_params.producer_arv_count = Traits::kProducerThreads / 32;
-  pipe_q_params.consumer_arv_count = Traits::kConsumerThreads / 32;
-  PipelineQ pipeline_q(storage.pipeline_q, pipe_q_params);
+  Pipeline pipeline_k(storage.pipeline_k, tma_pipeline_params<Pipeline, Traits>(producer, Traits::kKVBytes), Shape<_1, _1, _1>{});
+  Pipeline pipeline_v(storage.pipeline_v, tma_pipeline_params<Pipeline, Traits>(producer, Traits::kKVBytes), Shape<_1, _1, _1>{});
+  // Q's stage also carries the tile's index (and tiles without Q): the
+  // producer announces Q's bytes itself where it loads Q.
+  PipelineQ pipeline_q(storage.pipeline_q, tma_pipeline_params<PipelineQ, Traits>(producer, 0), Shape<_1, _1, _1>{});
   __syncthreads();  // barriers initialised before anyone waits on them
 
-  auto gmem = [](const void* base, index_t offset, int rows, index_t row_stride) {
-    return make_tensor(make_gmem_ptr(static_cast<const Element*>(base) + offset),
-                       make_layout(make_shape(rows, Int<kHeadDim>{}), make_stride(row_stride, _1{})));
-  };
   Tensor sQ = make_tensor(make_smem_ptr(storage.q.data()), typename Traits::SmemLayoutQ{});
 
   if (producer) {
     // ---- producer: per tile Q, then K[n] and V[n] into stage (n_end - 1 - n) % kStages, last block first.
     cutlass::arch::warpgroup_reg_dealloc<Traits::kProducerRegisters>();
-    const int tidx = threadIdx.x;
-    typename Traits::ProducerTiledCopy gmem_copy;
-    auto thr = gmem_copy.get_thread_slice(tidx);
-    Tensor tKcK = thr.partition_S(make_identity_tensor(Shape<Int<kBlockN>, Int<kHeadDim>>{}));
-    Tensor tKpK = make_tensor<bool>(make_shape(size<2>(tKcK)));
-    CUTE_UNROLL
-    for (int k = 0; k < size(tKpK); ++k) tKpK(k) = get<1>(tKcK(0, 0, k)) < params.head_dim;
-
+    // Warp 0 follows the schedule (its lanes search varlen offsets together);
+    // its lane 0 issues every load.
+    if (threadIdx.x >= 32) return;
+    const bool leader = lane == 0;
     auto state = cutlass::make_producer_start_state<Pipeline>();
     auto state_q = cutlass::make_producer_start_state<PipelineQ>();
     // The consumers learn each tile (and the end: -1) from the Q stage that
-    // carries it: thread 0 writes its index before the warps' arrivals commit it.
-    auto publish_q_stage = [&](int index) {
-      pipeline_q.producer_acquire(state_q);
-      if (tidx == 0) storage.tile_index = index;
+    // carries it: the index is written before the arrival that releases it,
+    // and the arrival announces Q's bytes where Q loads.
+    auto publish_q_stage = [&](int index, bool with_q) {
+      if (leader) {
+        while (pipeline_q.producer_try_acquire(state_q) != cutlass::BarrierStatus::WaitDone) {
+        }
+        storage.tile_index = index;
+        if (with_q) pipeline_q.producer_expect_transaction(state_q, Traits::kQBytes);
+        pipeline_q.producer_acquire(state_q, {cutlass::BarrierStatus::WaitDone});  // arrives
+      }
     };
-    auto commit_q_stage = [&] {
-      __syncwarp();
-      if (lane == 0) pipeline_q.producer_commit(state_q);
-      ++state_q;
+    // The (rows, head dim) view of one head of one sequence: a varlen
+    // sequence is its rows of the packed tensor (the descriptor's batch is 1).
+    auto rows_of = [&](auto const& tma, bool packed, int rows, int heads, int row0, int head, int batch) {
+      Tensor m = tma.get_tma_tensor(make_shape(rows, params.head_dim, heads, packed ? 1 : params.batch));
+      return domain_offset(make_coord(row0, 0), m(_, _, head, packed ? 0 : batch));
     };
     auto load_tile = [&](int index) {
       const QueryTileScheduler<kBlockM> tile(params, index);
@@ -133,83 +147,65 @@ __global__ void __launch_bounds__(Traits::kCtaThreads, 1) fwd_ws_kernel(const Fw
       int n_begin, n_end;
       mask.key_block_range(m0, kBlockM, kBlockN, n_begin, n_end);
       if (n_end <= n_begin) {  // no key visible: the consumers write zeros, without Q
-        publish_q_stage(index);
-        commit_q_stage();
+        publish_q_stage(index, false);
+        ++state_q;
         return;
       }
       const int head_k = tile.head / (params.heads / params.heads_k);
-      Tensor mQ = gmem(params.q, seq.q_offset(params.q_batch_stride, params.q_row_stride, tile.batch) +
-                                     index_t(tile.head) * params.q_head_stride, seq.seqlen_q, params.q_row_stride);
-      Tensor gQ = local_tile(mQ, Shape<Int<kBlockM>, Int<kHeadDim>>{}, make_coord(tile.m_block, 0));
-      Tensor mK = gmem(params.k, seq.k_offset(params.k_batch_stride, params.k_row_stride, tile.batch) +
-                                     head_k * params.k_head_stride, seq.seqlen_k, params.k_row_stride);
-      Tensor mV = gmem(params.v, seq.k_offset(params.v_batch_stride, params.v_row_stride, tile.batch) +
-                                     head_k * params.v_head_stride, seq.seqlen_k, params.v_row_stride);
-      Tensor gK = local_tile(mK, Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(_, 0));  // (N, d, blocks)
-      Tensor gV = local_tile(mV, Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(_, 0));
-      Tensor tKgK = thr.partition_S(gK);  // (CPY, CPY_N, CPY_D, blocks)
-      Tensor tVgV = thr.partition_S(gV);
+      const bool packed_q = params.cu_seqlens_q != nullptr, packed_k = params.cu_seqlens_k != nullptr;
+      Tensor gQ = local_tile(rows_of(loads.q, packed_q, packed_q ? params.total_q : params.seqlen_q, params.heads,
+                                     int(seq.row0_q), tile.head, tile.batch),
+                             Shape<Int<kBlockM>, Int<kHeadDim>>{}, make_coord(tile.m_block, 0));
+      const int rows_k = packed_k ? params.total_k : params.seqlen_k;
+      Tensor gK = local_tile(rows_of(loads.k, packed_k, rows_k, params.heads_k, int(seq.row0_k), head_k, tile.batch),
+                             Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(_, 0));  // (N, d, blocks)
+      Tensor gV = local_tile(rows_of(loads.v, packed_k, rows_k, params.heads_k, int(seq.row0_k), head_k, tile.batch),
+                             Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(_, 0));
+      auto tma_q = loads.q.get_slice(0);
+      auto tma_k = loads.k.get_slice(0);
+      auto tma_v = loads.v.get_slice(0);
+      Tensor tKgK = tma_k.partition_S(gK);  // (TMA, TMA_N, TMA_D, blocks)
+      Tensor tVgV = tma_v.partition_S(gV);
 
       for (int n_block = n_end - 1; n_block >= n_begin; --n_block) {
-        const bool first = n_block == n_end - 1;
-        const int rows_left = seq.seqlen_k - n_block * kBlockN;
         Tensor sK = make_tensor(make_smem_ptr(storage.k[state.index()].data()), typename Traits::SmemLayoutKV{});
         Tensor sV = make_tensor(make_smem_ptr(storage.v[state.index()].data()), typename Traits::SmemLayoutKV{});
-        Tensor tKsK = thr.partition_D(sK);
-        Tensor tVsV = thr.partition_D(sV);
-        pipeline_k.producer_acquire(state);
-        copy_tile<true>(gmem_copy, tKgK(_, _, _, n_block), tKsK, tKcK, tKpK, rows_left);
-        cp_async_fence();
+        if (leader) {
+          pipeline_k.producer_acquire(state);
+          copy(loads.k.with(*pipeline_k.producer_get_barrier(state)), tKgK(_, _, _, n_block), tma_k.partition_D(sK));
+        }
         // Q after the tile's first K: where the output is staged in Q's place,
         // Q frees only once the last tile's output left, and K need not wait.
-        if (first) {
-          publish_q_stage(index);
-          // Q's addresses are computed here, per tile, from a thread index the
-          // compiler cannot see through: hoisted out of the tile loop they would
-          // hold 16 of the producer's 40 registers (and spill).
-          int q_thread = tidx;
-          asm volatile("" : "+r"(q_thread));
-          auto thr_q = gmem_copy.get_thread_slice(q_thread);
-          Tensor tQsQ = thr_q.partition_D(sQ);
-          copy_tile<true>(gmem_copy, thr_q.partition_S(gQ), tQsQ,
-                          thr_q.partition_S(make_identity_tensor(Shape<Int<kBlockM>, Int<kHeadDim>>{})), tKpK,
-                          seq.seqlen_q - m0);
-          cp_async_fence();
+        if (n_block == n_end - 1) {
+          publish_q_stage(index, true);
+          if (leader) {
+            copy(loads.q.with(*pipeline_q.producer_get_barrier(state_q)), tma_q.partition_S(gQ),
+                 tma_q.partition_D(sQ));
+          }
+          ++state_q;
         }
-        pipeline_v.producer_acquire(state);
-        copy_tile<true>(gmem_copy, tVgV(_, _, _, n_block), tVsV, tKcK, tKpK, rows_left);
-        cp_async_fence();
-        // cp.async writes go through the generic proxy, wgmma reads through the
-        // async one: each thread fences its landed writes before its warp arrives.
-        cp_async_wait<1>();  // K (and Q) landed
-        cutlass::arch::fence_view_async_shared();
-        __syncwarp();
-        if (lane == 0) pipeline_k.producer_commit(state);
-        if (first) commit_q_stage();
-        cp_async_wait<0>();
-        cutlass::arch::fence_view_async_shared();
-        __syncwarp();
-        if (lane == 0) pipeline_v.producer_commit(state);
+        if (leader) {
+          pipeline_v.producer_acquire(state);
+          copy(loads.v.with(*pipeline_v.producer_get_barrier(state)), tVgV(_, _, _, n_block), tma_v.partition_D(sV));
+        }
         ++state;
       }
     };
 
-    // With a tile counter, thread 0 asks for the next tile once this one's loads
-    // are issued (the producer runs a stage or two ahead of the consumers, which
-    // hides the round trip) and hands the answer to its warpgroup.
-    int index = blockIdx.x;
-    for (int round = 0; index < num_tiles; round ^= 1) {
+    // With a tile counter, the next tile is taken once this one's loads are
+    // issued (the producer runs a stage or two ahead of the consumers, which
+    // hides the round trip).
+    for (int index = blockIdx.x; index < num_tiles;) {
       load_tile(index);
       if (params.tile_counter != nullptr) {
-        if (tidx == 0) storage.next_tile[round] = atomicAdd(params.tile_counter, 1) + gridDim.x;
-        cutlass::arch::NamedBarrier::sync(Traits::kProducerThreads, 1);
-        index = storage.next_tile[round];
+        int next = 0;
+        if (leader) next = atomicAdd(params.tile_counter, 1);
+        index = __shfl_sync(0xffffffffu, next, 0) + int(gridDim.x);
       } else {
-        index += gridDim.x;
+        index += int(gridDim.x);
       }
     }
-    publish_q_stage(-1);
-    commit_q_stage();
+    publish_q_stage(-1, false);
     return;
   }
 
@@ -334,9 +330,12 @@ __global__ void __launch_bounds__(Traits::kCtaThreads, 1) fwd_ws_kernel(const Fw
         acc_o, tiled_mma_pv, sO, gO, rows_left_q, params.head_dim, tidx, NoRowOffset{},
         [] { consumers_sync<Traits>(); });
     if (!kOwnOutputTile || !any_key) {  // else released after the last S = QK^T
-      // Where the output is staged in Q's place, every thread's reads of it come
-      // first: the next Q is loaded over it.
-      if constexpr (!kOwnOutputTile) consumers_sync<Traits>();
+      // Where the output is staged in Q's place, every thread's accesses to it
+      // come first: the next Q is loaded over it, through the async proxy.
+      if constexpr (!kOwnOutputTile) {
+        cutlass::arch::fence_view_async_shared();
+        consumers_sync<Traits>();
+      }
       if (lane == 0) pipeline_q.consumer_release(state_q);
     }
     ++state_q;
