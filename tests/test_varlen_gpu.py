@@ -285,3 +285,35 @@ def test_varlen_offsets_past_2_pow_31_elements():
                                                 window_size=(1000, 0), upcast=False)
     assert_standard("out", out[rows], ref, lowp, FWD_FACTOR)
     assert_lse(lse[:, rows], ref_lse, lowp_lse.float())
+
+
+@pytest.mark.parametrize("family, dtype", FAMILY_DTYPES)
+def test_varlen_sequences_do_not_mix(family, dtype):
+    # A kernel may read past a sequence's end into the next one's rows (whole
+    # tiles); Inf and NaN in one sequence must change no other sequence's out,
+    # lse or gradients (deterministic mode: bitwise).
+    fam = require(family, dtype, 128)
+    lengths_q, lengths_k = [77, 200, 130], [150, 33, 300]
+    q, k, v = make_varlen(lengths_q, lengths_k, HEADS, 2, 128, dtype, seed=7)
+    cu_q, cu_k = cu_seqlens(lengths_q), cu_seqlens(lengths_k)
+    varlen = (cu_q, cu_k, max(lengths_q), max(lengths_k))
+    opts = (None, None, 0.0, 0.125, False, -1, -1, 0.0)
+    dout = torch.randn_like(q)
+
+    def run(q, k, v):
+        out, lse = call_kernel(OPS.varlen_fwd, q, k, v, *varlen, *opts, fam)
+        dq, dk, dv = call_kernel(OPS.varlen_bwd, dout, q, k, v, out, lse, *varlen, *opts, True, fam)
+        return out, lse, dq, dk, dv
+
+    clean = run(q, k, v)
+    bq, bk = cu_q.tolist(), cu_k.tolist()
+    q[bq[1]:bq[2]] = float("nan")
+    k[bk[1]:bk[2]] = float("inf")
+    v[bk[1]:bk[2]] = float("nan")
+    poisoned = run(q, k, v)
+    for i in (0, 2):
+        rows_q, rows_k = slice(bq[i], bq[i + 1]), slice(bk[i], bk[i + 1])
+        for name, ours, ref, rows in (("out", poisoned[0], clean[0], rows_q), ("dq", poisoned[2], clean[2], rows_q),
+                                      ("dk", poisoned[3], clean[3], rows_k), ("dv", poisoned[4], clean[4], rows_k)):
+            assert torch.equal(ours[rows], ref[rows]), f"sequence {i}: {name} changed"
+        assert torch.equal(poisoned[1][:, rows_q], clean[1][:, rows_q]), f"sequence {i}: lse changed"

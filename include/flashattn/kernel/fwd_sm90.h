@@ -297,6 +297,18 @@ __global__ void __launch_bounds__(Traits::kCtaThreads, 1)
         Tensor tOrP = make_tensor(rP.data(), Traits::c_to_a(rP.layout()));
 
         pipeline_v.consumer_wait(state);
+        if (params.cu_seqlens_k != nullptr && n0 + kBlockN > seq.seqlen_k) {
+          // A varlen sequence's last block: TMA read the next sequence's rows
+          // past its end. Their P is 0, but 0 * Inf is NaN: zero them, so that
+          // no sequence's values reach another's output.
+          // 16 bytes at a time: the swizzle moves whole 16-byte chunks of a row.
+          constexpr int kChunks = kHeadDim / 8;
+          const int first_row = seq.seqlen_k - n0;
+          for (int i = tidx; i < (kBlockN - first_row) * kChunks; i += Traits::kConsumerThreads)
+            *reinterpret_cast<uint4*>(&sV(first_row + i / kChunks, i % kChunks * 8)) = make_uint4(0, 0, 0, 0);
+          cutlass::arch::fence_view_async_shared();  // generic writes, read by wgmma
+          consumers_sync<Traits>();
+        }
         wgmma_gemm<false>(tiled_mma_pv, tOrP, tOrVt, acc_o);
         __syncwarp();
         if (lane == 0) pipeline_v.consumer_release(state);
