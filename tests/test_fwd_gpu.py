@@ -400,3 +400,13 @@ def test_cuda_graph_capture_and_replay(b, s, h):
         ref, _ = reference.attention(*(t.float() for t in new), causal=True)
         lowp, _ = reference.attention(*new, causal=True, upcast=False)
         assert_standard("out", out, ref, lowp, FWD_FACTOR)
+
+
+def test_broadcast_kv_views():
+    # k, v expand()ed along the batch (stride 0): the same result as real copies.
+    g = torch.Generator("cuda").manual_seed(3)
+    q = torch.randn(3, 200, 4, 64, generator=g, device="cuda", dtype=torch.float16)
+    k, v = (torch.randn(1, 300, 2, 64, generator=g, device="cuda", dtype=torch.float16).expand(3, -1, -1, -1)
+            for _ in range(2))
+    out = flashattn.flash_attn_func(q, k, v, causal=True)
+    assert torch.equal(out, flashattn.flash_attn_func(q, k.contiguous(), v.contiguous(), causal=True))

@@ -244,3 +244,16 @@ def test_dispatch_is_a_compile_constant():
     marked = torch.compiler.assume_constant_result(lambda: 0)
     assert getattr(marked, "_dynamo_marked_constant", None) is True
     assert _dispatch.cuda_family_and_head_dims._dynamo_marked_constant is True
+
+
+def test_forward_inputs_broadcast_views_are_copied():
+    # expand()ed q/k/v (stride 0 along a dim of size > 1) reach the forward kernels
+    # as real copies; the backward's dout may stay broadcast (sum()'s gradient).
+    from flashattn._checks import aligned_for_kernels
+
+    k = torch.randn(1, 16, 2, 8).expand(3, 16, 2, 8)
+    copied = aligned_for_kernels(k, broadcast_ok=False)
+    assert copied.is_contiguous() and torch.equal(copied, k)
+    assert aligned_for_kernels(k) is k
+    one = torch.randn(1, 16, 2, 8)  # size-1 dims keep any stride
+    assert aligned_for_kernels(one, broadcast_ok=False) is one

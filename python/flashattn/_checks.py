@@ -665,13 +665,17 @@ def _check_family(family, q: torch.Tensor) -> None:
         )
 
 
-def aligned_for_kernels(t):
+def aligned_for_kernels(t, broadcast_ok=True):
     """t, or a contiguous copy of it when the CUDA kernels' 16-byte vector accesses
     would be misaligned: a view starting or stepping by elements not a multiple of 8
     (the storage itself is aligned by torch's allocator), or whose last dim is not
-    contiguous."""
+    contiguous. broadcast_ok=False (the forward's q, k, v) also copies a view that
+    repeats elements along a dim (stride 0, size > 1: expand()): the sm90 forward
+    reads them through TMA descriptors, which are not specified for zero strides."""
     strides = t.stride()
     if strides[-1] != 1:
+        return t.contiguous()
+    if not broadcast_ok and any(st == 0 and n > 1 for n, st in zip(t.shape[:-1], strides[:-1])):
         return t.contiguous()
     misaligned = False
     if len(strides) == 4:

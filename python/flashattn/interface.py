@@ -216,7 +216,7 @@ def _kernel_inputs(q, k, v, family):
     if pad:
         q, k, v = (F.pad(t, (0, pad)) for t in (q, k, v))
     elif family:
-        q, k, v = aligned_for_kernels(q), aligned_for_kernels(k), aligned_for_kernels(v)
+        q, k, v = (aligned_for_kernels(t, broadcast_ok=False) for t in (q, k, v))
     else:  # the CPU reference takes any strides but a non-contiguous last dim
         q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
     return q, k, v, family, pad

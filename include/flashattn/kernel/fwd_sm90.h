@@ -1,5 +1,5 @@
 // The sm90 family's warp-specialised forward (Hopper, sm_90a): one producer
-// thread loads Q, K and V by TMA into rings of shared-memory stages while the
+// lane loads Q, K and V by TMA into rings of shared-memory stages while the
 // consumer warpgroups (64 query rows each) run S = Q K^T and O += P V as
 // warpgroup MMAs and the softmax between them. Producer and consumers meet at
 // mbarriers (one full/empty pair per stage, cutlass::PipelineTmaAsync: a stage
