@@ -304,6 +304,7 @@ __global__ void __launch_bounds__(Traits::kCtaThreads, 1)
           // 16 bytes at a time: the swizzle moves whole 16-byte chunks of a row.
           constexpr int kChunks = kHeadDim / 8;
           const int first_row = seq.seqlen_k - n0;
+#pragma unroll 1
           for (int i = tidx; i < (kBlockN - first_row) * kChunks; i += Traits::kConsumerThreads)
             *reinterpret_cast<uint4*>(&sV(first_row + i / kChunks, i % kChunks * 8)) = make_uint4(0, 0, 0, 0);
           cutlass::arch::fence_view_async_shared();  // generic writes, read by wgmma
