@@ -675,7 +675,7 @@ def aligned_for_kernels(t, broadcast_ok=True):
     strides = t.stride()
     if strides[-1] != 1:
         return t.contiguous()
-    if not broadcast_ok and any(st == 0 and n > 1 for n, st in zip(t.shape[:-1], strides[:-1])):
+    if not broadcast_ok and 0 in strides and any(st == 0 and n > 1 for n, st in zip(t.shape, strides)):
         return t.contiguous()
     misaligned = False
     if len(strides) == 4:

@@ -6,6 +6,9 @@
 // one tile instead (FLASHATTN_SM90_TILE_M / _N) to time alternatives.
 #pragma once
 
+#include <stdexcept>
+#include <string>
+
 #include "flashattn/arch/sm90.h"
 #include "flashattn/kernel/fwd_sm90.h"
 #include "flashattn/launch/fwd_launch.h"
@@ -32,10 +35,12 @@ struct Sm90FwdWsTile : Sm90FwdWsDropoutTile<kHeadDim> {};
 // boxes of kRows x the bucket's head dim; a varlen tensor is one batch of its
 // packed rows. Strides of dims of size 1 are never stepped and may be any number
 // (ops.cpp checks the others are multiples of 16 bytes, as TMA needs): they are
-// replaced by 16 bytes.
+// replaced by 16 bytes. A zero stride on a longer dim (a view from expand()) is
+// refused: TMA descriptors are not specified for it.
 template <typename Traits, int kRows, typename SmemLayout>
-auto make_rows_tma(const void* base, const void* fallback, bool packed, int rows, int total_rows, int heads, int batch, int head_dim,
-                   index_t row_stride, index_t head_stride, index_t batch_stride) {
+auto make_rows_tma(const char* name, const void* base, const void* fallback, bool packed, int rows, int total_rows,
+                   int heads, int batch, int head_dim, index_t row_stride, index_t head_stride,
+                   index_t batch_stride) {
   using Element = typename Traits::Element;
   if (packed) {
     rows = total_rows;
@@ -47,7 +52,15 @@ auto make_rows_tma(const void* base, const void* fallback, bool packed, int rows
     base = fallback;
     rows = 1;
   }
-  auto stride_of = [](int size, index_t stride) { return int64_t(size > 1 ? stride : 16 / sizeof(Element)); };
+  auto stride_of = [&](int size, index_t stride) {
+    if (size > 1 && stride == 0) {
+      throw std::runtime_error(std::string("flashattn: ") + name +
+                               " repeats along a dim (stride 0 and size > 1, e.g. a view from expand()); the sm90 "
+                               "forward reads q, k and v through TMA, which needs real strides: pass " + name +
+                               ".contiguous() (the flash_attn_* functions copy such inputs)");
+    }
+    return int64_t(size > 1 ? stride : 16 / sizeof(Element));
+  };
   Tensor view = make_tensor(make_gmem_ptr(static_cast<Element const*>(base)),
                             typename Traits::GmemLayoutRows(
                                 make_shape(rows, head_dim, heads, batch),
@@ -62,12 +75,12 @@ FwdWsLoads<Traits> make_fwd_ws_loads(const FwdParams& p) {
   constexpr int kM = Traits::kBlockM, kN = Traits::kBlockN;
   using LayoutQ = typename Traits::SmemLayoutQ;
   using LayoutKV = typename Traits::SmemLayoutKV;
-  return {make_rows_tma<Traits, kM, LayoutQ>(p.q, p.q, packed_q, p.seqlen_q, p.total_q, p.heads, p.batch, p.head_dim,
-                                             p.q_row_stride, p.q_head_stride, p.q_batch_stride),
-          make_rows_tma<Traits, kN, LayoutKV>(p.k, p.q, packed_k, p.seqlen_k, p.total_k, p.heads_k, p.batch, p.head_dim,
-                                              p.k_row_stride, p.k_head_stride, p.k_batch_stride),
-          make_rows_tma<Traits, kN, LayoutKV>(p.v, p.q, packed_k, p.seqlen_k, p.total_k, p.heads_k, p.batch, p.head_dim,
-                                              p.v_row_stride, p.v_head_stride, p.v_batch_stride)};
+  return {make_rows_tma<Traits, kM, LayoutQ>("q", p.q, p.q, packed_q, p.seqlen_q, p.total_q, p.heads, p.batch,
+                                             p.head_dim, p.q_row_stride, p.q_head_stride, p.q_batch_stride),
+          make_rows_tma<Traits, kN, LayoutKV>("k", p.k, p.q, packed_k, p.seqlen_k, p.total_k, p.heads_k, p.batch,
+                                              p.head_dim, p.k_row_stride, p.k_head_stride, p.k_batch_stride),
+          make_rows_tma<Traits, kN, LayoutKV>("v", p.v, p.q, packed_k, p.seqlen_k, p.total_k, p.heads_k, p.batch,
+                                              p.head_dim, p.v_row_stride, p.v_head_stride, p.v_batch_stride)};
 }
 
 template <typename Traits, bool kScoreMods, bool kDropout>
