@@ -410,3 +410,9 @@ def test_broadcast_kv_views():
             for _ in range(2))
     out = flashattn.flash_attn_func(q, k, v, causal=True)
     assert torch.equal(out, flashattn.flash_attn_func(q, k.contiguous(), v.contiguous(), causal=True))
+    # A dout expand()ed along the heads: the same gradients as its copy.
+    q.requires_grad_()
+    dout = torch.randn(3, 200, 1, 64, generator=g, device="cuda", dtype=torch.float16).expand(-1, -1, 4, -1)
+    grads = [torch.autograd.grad(flashattn.flash_attn_func(q, k, v, causal=True, deterministic=True), q, d)[0]
+             for d in (dout, dout.contiguous())]
+    assert torch.equal(grads[0], grads[1])

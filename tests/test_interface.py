@@ -247,8 +247,8 @@ def test_dispatch_is_a_compile_constant():
 
 
 def test_forward_inputs_broadcast_views_are_copied():
-    # expand()ed q/k/v (stride 0 along a dim of size > 1) reach the forward kernels
-    # as real copies; the backward's dout may stay broadcast (sum()'s gradient).
+    # expand()ed q/k/v of the forward and dout of the backward (stride 0 along a dim
+    # of size > 1) reach the kernels as real copies: the sm90 family reads them by TMA.
     from flashattn._checks import aligned_for_kernels
 
     k = torch.randn(1, 16, 2, 8).expand(3, 16, 2, 8)

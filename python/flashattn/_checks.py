@@ -669,9 +669,10 @@ def aligned_for_kernels(t, broadcast_ok=True):
     """t, or a contiguous copy of it when the CUDA kernels' 16-byte vector accesses
     would be misaligned: a view starting or stepping by elements not a multiple of 8
     (the storage itself is aligned by torch's allocator), or whose last dim is not
-    contiguous. broadcast_ok=False (the forward's q, k, v) also copies a view that
-    repeats elements along a dim (stride 0, size > 1: expand()): the sm90 forward
-    reads them through TMA descriptors, which are not specified for zero strides."""
+    contiguous. broadcast_ok=False (q, k, v of the forward, dout of the backward) also
+    copies a view that repeats elements along a dim (stride 0, size > 1: expand()):
+    the sm90 kernels read them through TMA descriptors, which are not specified for
+    zero strides."""
     strides = t.stride()
     if strides[-1] != 1:
         return t.contiguous()

@@ -385,7 +385,7 @@ def attention_backward(dout, saved, args, deterministic: bool):
         dout = dout.contiguous()
     q, k, v, out, lse, alibi_slopes, rng_state = saved
     if q.device.type == "cuda":
-        dout = aligned_for_kernels(dout)
+        dout = aligned_for_kernels(dout, broadcast_ok=False)
     *scalars, family = args
     return torch.ops.flashattn.bwd.default(
         dout, q, k, v, out, lse, alibi_slopes, rng_state, *scalars, deterministic, family
@@ -420,7 +420,7 @@ def varlen_attention_backward(dout, saved, args, deterministic: bool):
         dout = dout.contiguous()
     q, k, v, out, lse, cu_q, cu_k, alibi_slopes, rng_state = saved
     if q.device.type == "cuda":
-        dout = aligned_for_kernels(dout)
+        dout = aligned_for_kernels(dout, broadcast_ok=False)
     max_q, max_k, *scalars, family = args
     return torch.ops.flashattn.varlen_bwd.default(
         dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, alibi_slopes, rng_state, *scalars, deterministic, family

@@ -59,6 +59,15 @@ template <typename Element, int kCols>
 using Sm90SmemAtomK = std::conditional_t<kCols % 64 == 0, GMMA::Layout_K_SW128_Atom<Element>,
                                          GMMA::Layout_K_SW64_Atom<Element>>;
 
+// A TMA load of q, k, v, dO through a (rows, head dim, heads, batch) view: a
+// tile is a box of kRows x the bucket's head dim, and rows or columns outside
+// the view land as zeros (launch/tma_sm90.h makes the descriptors).
+using GmemLayoutRows = Layout<Shape<int, int, int, int>, Stride<int64_t, _1, int64_t, int64_t>>;
+template <typename Element, int kHeadDim, int kRows, typename SmemLayout>
+using TmaRows = decltype(make_tma_copy(SM90_TMA_LOAD{},
+                                       make_tensor(make_gmem_ptr(static_cast<Element const*>(nullptr)), GmemLayoutRows{}),
+                                       SmemLayout{}, Shape<Int<kRows>, Int<kHeadDim>>{}, _1{}));
+
 template <typename Element_, int kHeadDim_, int kBlockM_, int kBlockN_>
 struct Sm90FwdTraits : Sm80FwdTraits<Element_, kHeadDim_, kBlockM_, kBlockN_, 4 * (kBlockM_ / 64)>,
                        Sm90AccumulatorLayout {
@@ -113,16 +122,9 @@ struct Sm90FwdWsTraits : Sm90FwdTraits<Element_, kHeadDim_, kBlockM_, kBlockN_> 
   using Pipeline = cutlass::PipelineTmaAsync<kStages>;
   using PipelineQ = cutlass::PipelineTmaAsync<1>;
 
-  // Q, K and V are read through TMA descriptors of a (rows, head dim, heads,
-  // batch) view: a tile is a box of rows x the bucket's head dim, and rows or
-  // columns outside the view land as zeros.
-  using GmemLayoutRows = Layout<Shape<int, int, int, int>, Stride<int64_t, _1, int64_t, int64_t>>;
-  template <int kRows, typename SmemLayout>
-  using TmaRows = decltype(make_tma_copy(SM90_TMA_LOAD{},
-                                         make_tensor(make_gmem_ptr(static_cast<Element const*>(nullptr)), GmemLayoutRows{}),
-                                         SmemLayout{}, Shape<Int<kRows>, Int<kHeadDim>>{}, _1{}));
-  using TmaQ = TmaRows<kBlockM, typename Base::SmemLayoutQ>;
-  using TmaKV = TmaRows<kBlockN, typename Base::SmemLayoutKV>;
+  // Q, K and V are read through TMA descriptors (TmaRows).
+  using TmaQ = TmaRows<Element, kHeadDim, kBlockM, typename Base::SmemLayoutQ>;
+  using TmaKV = TmaRows<Element, kHeadDim, kBlockN, typename Base::SmemLayoutKV>;
   static constexpr uint32_t kQBytes = kBlockM * kHeadDim * sizeof(Element);
   static constexpr uint32_t kKVBytes = kBlockN * kHeadDim * sizeof(Element);
 };
@@ -199,19 +201,14 @@ struct Sm90BwdWsTraits
   static constexpr int kProducerThreads = 128;
   static constexpr int kCtaThreads = kProducerThreads + kConsumerThreads;
   // Registers per thread after `setmaxnreg`: the consumers hold dK and dV, S and
-  // dP (or dQ) at once; the producer's address arithmetic spills a few.
+  // dP (or dQ) at once.
   static constexpr int kProducerRegisters = 24;
   static constexpr int kConsumerRegisters = 240;
   static_assert(register_split_fits(kProducerThreads, kProducerRegisters, kConsumerThreads, kConsumerRegisters));
-  using Pipeline = cutlass::PipelineAsync<kStages>;
-
-  static constexpr int kProducerRowsPerPass = kProducerThreads / Base::kGmemThreadsPerRow;
-  static_assert(kBlockM % kProducerRowsPerPass == 0, "Q/dO tile smaller than one copy pass");
-  static_assert(kBlockM <= kProducerThreads, "one producer thread per row of lse and D");
-  using ProducerTiledCopy = decltype(make_tiled_copy(
-      Copy_Atom<SM80_CP_ASYNC_CACHEGLOBAL_ZFILL<uint128_t>, Element>{},
-      Layout<Shape<Int<kProducerRowsPerPass>, Int<Base::kGmemThreadsPerRow>>, Stride<Int<Base::kGmemThreadsPerRow>, _1>>{},
-      Layout<Shape<_1, _8>>{}));
+  // Stages filled by TMA (Q and dO; lse and D by the producer warp's lanes).
+  using Pipeline = cutlass::PipelineTmaAsync<kStages>;
+  using TmaQdO = TmaRows<Element, kHeadDim, kBlockM, typename Base::SmemLayoutQdO>;
+  static constexpr uint32_t kQdOBytes = kBlockM * kHeadDim * sizeof(Element);
 };
 
 }  // namespace flashattn

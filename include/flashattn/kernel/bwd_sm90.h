@@ -2,12 +2,13 @@
 // backward's algorithm (kernel/bwd.h: one CTA per key block walks the query
 // blocks of its GQA group) with its loads taken off the consumers' path. One
 // producer warpgroup copies Q, dO, lse and D of the next (query head, query
-// block) into a ring of shared-memory stages while two consumer warpgroups run
-// the five products as warpgroup MMAs:
+// block) into a ring of shared-memory stages (Q and dO by TMA from one lane, lse
+// and D by its warp) while two consumer warpgroups run the five products as
+// warpgroup MMAs:
 //   S = Q K^T, dP = dO V^T, P and dS (p_and_ds), dV += P^T dO, dK += dS^T Q,
 //   dQ = dS K added into the fp32 accumulator (add_dq).
 // Producer and consumers meet at mbarriers (a full/empty pair per stage for Q +
-// lse and for dO + D, cutlass::PipelineAsync); the consumers meet once per
+// lse and for dO + D, cutlass::PipelineTmaAsync); the consumers meet once per
 // iteration, after writing P and dS, which are double-buffered. `setmaxnreg`
 // hands the producer's registers to the consumers. Masks, score modifiers,
 // dropout, GQA, varlen and deterministic dQ are the shared kernel's code.
@@ -19,6 +20,7 @@
 #include <cutlass/pipeline/sm90_pipeline.hpp>
 
 #include "flashattn/kernel/bwd.h"
+#include "flashattn/kernel/tma_loads.h"
 
 namespace flashattn {
 
@@ -44,8 +46,15 @@ struct BwdWsSharedStorage {
   typename Pipeline::SharedStorage pipeline_q, pipeline_do;
 };
 
+// The TMA descriptors of Q and dO (launch/bwd_sm90.h makes them per call).
+template <typename Traits>
+struct BwdWsLoads {
+  typename Traits::TmaQdO q, d_o;
+};
+
 template <typename Traits, bool kScoreMods, bool kDropout = false>
-__global__ void __launch_bounds__(Traits::kCtaThreads, 1) bwd_ws_kernel(const BwdParams params) {
+__global__ void __launch_bounds__(Traits::kCtaThreads, 1)
+    bwd_ws_kernel(const BwdParams params, const __grid_constant__ BwdWsLoads<Traits> loads) {
   using Element = typename Traits::Element;
   using Pipeline = typename Traits::Pipeline;
   constexpr int kBlockM = Traits::kBlockM;
@@ -72,12 +81,9 @@ __global__ void __launch_bounds__(Traits::kCtaThreads, 1) bwd_ws_kernel(const Bw
 
   const int lane = threadIdx.x % 32;
   const bool producer = threadIdx.x < Traits::kProducerThreads;
-  typename Pipeline::Params pipe_params;
-  pipe_params.role = producer ? Pipeline::ThreadCategory::Producer : Pipeline::ThreadCategory::Consumer;
-  pipe_params.producer_arv_count = Traits::kProducerThreads / 32;
-  pipe_params.consumer_arv_count = Traits::kConsumerThreads / 32;
-  Pipeline pipeline_q(storage.pipeline_q, pipe_params);
-  Pipeline pipeline_do(storage.pipeline_do, pipe_params);
+  const auto pipe_params = tma_pipeline_params<Pipeline, Traits>(producer, Traits::kQdOBytes);
+  Pipeline pipeline_q(storage.pipeline_q, pipe_params, Shape<_1, _1, _1>{});
+  Pipeline pipeline_do(storage.pipeline_do, pipe_params, Shape<_1, _1, _1>{});
   __syncthreads();  // barriers initialised before anyone waits on them
 
   auto gmem_tile = [](const void* base, index_t offset, index_t row_stride, auto rows) {
@@ -87,62 +93,60 @@ __global__ void __launch_bounds__(Traits::kCtaThreads, 1) bwd_ws_kernel(const Bw
 
   if (producer) {
     cutlass::arch::warpgroup_reg_dealloc<Traits::kProducerRegisters>();
-    const int tidx = threadIdx.x;
     // ---- producer: Q + lse, then dO + D, of iteration `it` into stage it % kStages.
-    Tensor gQ = gmem_tile(params.q, seq.q_offset(params.q_batch_stride, params.q_row_stride, batch) +
-                                        head0 * params.q_head_stride,
-                          params.q_row_stride, Int<kBlockM>{});  // (M, d) of (head0, query block 0)
-    Tensor gdO = gmem_tile(params.dout, seq.q_offset(params.dout_batch_stride, params.dout_row_stride, batch) +
-                                            head0 * params.dout_head_stride,
-                           params.dout_row_stride, Int<kBlockM>{});
-    typename Traits::ProducerTiledCopy gmem_copy;
-    auto thr = gmem_copy.get_thread_slice(tidx);
-    Tensor tQgQ = thr.partition_S(gQ);
-    Tensor tdOgdO = thr.partition_S(gdO);
-    Tensor tQcQ = thr.partition_S(make_identity_tensor(Shape<Int<kBlockM>, Int<kHeadDim>>{}));
-    Tensor tQpQ = make_tensor<bool>(make_shape(size<2>(tQcQ)));
-    CUTE_UNROLL
-    for (int k = 0; k < size(tQpQ); ++k) tQpQ(k) = get<1>(tQcQ(0, 0, k)) < params.head_dim;
+    // Warp 0 writes lse and D (two rows a lane); its lane 0 issues the TMA loads.
+    if (threadIdx.x >= 32) return;
+    const bool leader = lane == 0;
+    const bool packed = params.cu_seqlens_q != nullptr;
+    // The (rows, head dim) view of one query head of this sequence (a varlen
+    // sequence: its rows of the packed tensor, whose descriptor has one batch).
+    using TmaQdO = typename Traits::TmaQdO;
+    auto rows_of = [&](TmaQdO const& tma, int head) {
+      Tensor m = tma.get_tma_tensor(make_shape(packed ? params.total_q : params.seqlen_q, params.head_dim,
+                                               params.heads, packed ? 1 : params.batch));
+      return domain_offset(make_coord(int(seq.row0_q), 0), m(_, _, head, packed ? 0 : batch));
+    };
+    constexpr int kRowsPerLane = (kBlockM + 31) / 32;
+    const cutlass::ProducerToken free_stage{cutlass::BarrierStatus::WaitDone};  // waited for above
 
     auto state = cutlass::make_producer_start_state<Pipeline>();
     int head = head0, m_block = m_begin;
     for (int it = 0; it < num_iters; ++it) {
       const int m0 = m_block * kBlockM;
       const int rows_left = seq.seqlen_q - m0;
-      // lse and D of row m0 + tidx, loaded before the stage is free.
-      float lse = 0.f, d = 0.f;
-      if (tidx < kBlockM) {
-        lse = tidx < rows_left ? params.softmax_lse[seq.lse_offset(params, batch, head) + m0 + tidx] : INFINITY;
-        d = params.softmax_d[seq.workspace_row(params, batch, head) + m0 + tidx];  // 0 past the end
+      // lse and D of this lane's rows, loaded before the stage is free.
+      float lse[kRowsPerLane], d[kRowsPerLane];
+      CUTE_UNROLL
+      for (int i = 0; i < kRowsPerLane; ++i) {
+        const int row = lane + 32 * i;
+        lse[i] = row < rows_left ? params.softmax_lse[seq.lse_offset(params, batch, head) + m0 + row] : INFINITY;
+        d[i] = row < kBlockM ? params.softmax_d[seq.workspace_row(params, batch, head) + m0 + row] : 0.f;  // 0 past the end
       }
       const int stage = state.index();
-      Tensor tQsQ = thr.partition_D(make_tensor(make_smem_ptr(storage.q[stage].data()), typename Traits::SmemLayoutQdO{}));
-      Tensor tdOsdO =
-          thr.partition_D(make_tensor(make_smem_ptr(storage.d_o[stage].data()), typename Traits::SmemLayoutQdO{}));
-      pipeline_q.producer_acquire(state);
-      copy_tile<true>(gmem_copy,
-                      make_tensor(tQgQ.data() + (head - head0) * params.q_head_stride +
-                                      index_t(m0) * params.q_row_stride, tQgQ.layout()),
-                      tQsQ, tQcQ, tQpQ, rows_left);
-      cp_async_fence();
-      if (tidx < kBlockM) storage.lse[stage][tidx] = lse;
-      pipeline_do.producer_acquire(state);
-      copy_tile<true>(gmem_copy,
-                      make_tensor(tdOgdO.data() + (head - head0) * params.dout_head_stride +
-                                      index_t(m0) * params.dout_row_stride, tdOgdO.layout()),
-                      tdOsdO, tQcQ, tQpQ, rows_left);
-      cp_async_fence();
-      if (tidx < kBlockM) storage.d[stage][tidx] = d;
-      // cp.async writes go through the generic proxy, wgmma reads through the
-      // async one: each thread fences its landed writes before its warp arrives.
-      cp_async_wait<1>();
-      cutlass::arch::fence_view_async_shared();
-      __syncwarp();
-      if (lane == 0) pipeline_q.producer_commit(state);
-      cp_async_wait<0>();
-      cutlass::arch::fence_view_async_shared();
-      __syncwarp();
-      if (lane == 0) pipeline_do.producer_commit(state);
+      // A stage's lse (D) is written once its consumers released it, and before
+      // the arrival that publishes it with Q's (dO's) bytes.
+      auto fill = [&](Pipeline& pipeline, const float (&values)[kRowsPerLane], float* dst, TmaQdO const& tma,
+                      Element* tile) {
+        if (leader) {
+          while (pipeline.producer_try_acquire(state) != cutlass::BarrierStatus::WaitDone) {
+          }
+        }
+        __syncwarp();
+        CUTE_UNROLL
+        for (int i = 0; i < kRowsPerLane; ++i) {
+          if (lane + 32 * i < kBlockM) dst[lane + 32 * i] = values[i];
+        }
+        __syncwarp();
+        if (leader) {
+          pipeline.producer_acquire(state, free_stage);  // arrives, announcing the bytes
+          auto slice = tma.get_slice(0);
+          Tensor g = local_tile(rows_of(tma, head), Shape<Int<kBlockM>, Int<kHeadDim>>{}, make_coord(m_block, 0));
+          copy(tma.with(*pipeline.producer_get_barrier(state)), slice.partition_S(g),
+               slice.partition_D(make_tensor(make_smem_ptr(tile), typename Traits::SmemLayoutQdO{})));
+        }
+      };
+      fill(pipeline_q, lse, storage.lse[stage], loads.q, storage.q[stage].data());
+      fill(pipeline_do, d, storage.d[stage], loads.d_o, storage.d_o[stage].data());
       ++state;
       if (++m_block == m_end) m_block = m_begin, ++head;
     }
@@ -229,6 +233,18 @@ __global__ void __launch_bounds__(Traits::kCtaThreads, 1) bwd_ws_kernel(const Bw
     clear(acc_s);
     clear(acc_dp);
     pipeline_q.consumer_wait(state);
+    if (params.cu_seqlens_q != nullptr && m0 + kBlockM > seq.seqlen_q) {
+      // A varlen sequence's last query block: TMA read the next sequence's rows
+      // past its end. Their P and dS are 0, but 0 * Inf is NaN in dV and dK:
+      // zero them (the tiles of this stage, both warpgroups' rows).
+      Tensor sQs = make_tensor(sQ.data() + q_offset, sQ.layout());
+      Tensor sdOs = make_tensor(sdO.data() + q_offset, sdO.layout());
+      pipeline_do.consumer_wait(state);
+      zero_rows_from<Traits>(sQs, seq.seqlen_q - m0, tidx);
+      zero_rows_from<Traits>(sdOs, seq.seqlen_q - m0, tidx);
+      cutlass::arch::fence_view_async_shared();  // generic writes, read by wgmma
+      consumers_sync<Traits>();
+    }
     product_s(acc_s, q_offset);
     pipeline_do.consumer_wait(state);
     product_dp(acc_dp, q_offset);

@@ -23,6 +23,7 @@
 #include "flashattn/kernel/shared_storage.h"
 #include "flashattn/kernel/softmax.h"
 #include "flashattn/kernel/tile_scheduler.h"
+#include "flashattn/kernel/tma_loads.h"
 #include "flashattn/kernel/utils.h"
 #include "flashattn/kernel/wgmma.h"
 #include "flashattn/params.h"
@@ -59,18 +60,6 @@ struct FwdWsLoads {
 template <typename Traits>
 using FwdWsSharedStorage = std::conditional_t<sizeof(FwdWsTilesWithO<Traits>) <= Traits::kMaxSmemBytes,
                                               FwdWsTilesWithO<Traits>, FwdWsTiles<Traits>>;
-
-// A stage filled by TMA from producer thread 0 (which announces `bytes`) and
-// released by each consumer warp.
-template <typename Pipeline, typename Traits>
-__device__ typename Pipeline::Params tma_pipeline_params(bool producer, uint32_t bytes) {
-  typename Pipeline::Params p;
-  p.role = producer ? Pipeline::ThreadCategory::Producer : Pipeline::ThreadCategory::Consumer;
-  p.is_leader = threadIdx.x == 0;
-  p.num_consumers = Traits::kConsumerThreads / 32;
-  p.transaction_bytes = bytes;
-  return p;
-}
 
 // CTA c computes tiles c, c + gridDim.x, ...: one where the grid has a CTA per
 // tile, several in a persistent grid (QueryTileScheduler::num_persistent_ctas).
@@ -301,12 +290,7 @@ __global__ void __launch_bounds__(Traits::kCtaThreads, 1)
           // A varlen sequence's last block: TMA read the next sequence's rows
           // past its end. Their P is 0, but 0 * Inf is NaN: zero them, so that
           // no sequence's values reach another's output.
-          // 16 bytes at a time: the swizzle moves whole 16-byte chunks of a row.
-          constexpr int kChunks = kHeadDim / 8;
-          const int first_row = seq.seqlen_k - n0;
-#pragma unroll 1
-          for (int i = tidx; i < (kBlockN - first_row) * kChunks; i += Traits::kConsumerThreads)
-            *reinterpret_cast<uint4*>(&sV(first_row + i / kChunks, i % kChunks * 8)) = make_uint4(0, 0, 0, 0);
+          zero_rows_from<Traits>(sV, seq.seqlen_k - n0, tidx);
           cutlass::arch::fence_view_async_shared();  // generic writes, read by wgmma
           consumers_sync<Traits>();
         }

@@ -9,6 +9,7 @@
 #include "flashattn/arch/sm90.h"
 #include "flashattn/kernel/bwd_sm90.h"
 #include "flashattn/launch/bwd_launch.h"
+#include "flashattn/launch/tma_sm90.h"
 
 namespace flashattn {
 
@@ -24,13 +25,29 @@ struct Sm90BwdTile {
 };
 #endif
 
+// Q's and dO's descriptors; a batch without query rows reads neither (the
+// workspace stands in for the address).
+template <typename Traits>
+BwdWsLoads<Traits> make_bwd_ws_loads(const BwdParams& p) {
+  using Element = typename Traits::Element;
+  constexpr int kD = Traits::kHeadDim, kM = Traits::kBlockM;
+  using Layout = typename Traits::SmemLayoutQdO;
+  const bool packed = p.cu_seqlens_q != nullptr;
+  return {make_rows_tma<Element, kD, kM, Layout>("q", p.q, p.softmax_d, packed, p.seqlen_q, p.total_q, p.heads, p.batch,
+                                                 p.head_dim, p.q_row_stride, p.q_head_stride, p.q_batch_stride),
+          make_rows_tma<Element, kD, kM, Layout>("dout", p.dout, p.softmax_d, packed, p.seqlen_q, p.total_q, p.heads, p.batch,
+                                                 p.head_dim, p.dout_row_stride, p.dout_head_stride,
+                                                 p.dout_batch_stride)};
+}
+
 template <typename Traits, bool kScoreMods, bool kDropout>
 void launch_bwd_ws_variant(const BwdParams& params, cudaStream_t stream) {
   constexpr int kSmem = int(sizeof(BwdWsSharedStorage<Traits>));
   static_assert(kSmem <= Traits::kMaxSmemBytes, "the tile needs more shared memory than Hopper gives a CTA");
   opt_in_smem<bwd_ws_kernel<Traits, kScoreMods, kDropout>>(kSmem, params.device);
   bwd_ws_kernel<Traits, kScoreMods, kDropout>
-      <<<KeyTileScheduler<Traits::kBlockN>::num_ctas(params), Traits::kCtaThreads, kSmem, stream>>>(params);
+      <<<KeyTileScheduler<Traits::kBlockN>::num_ctas(params), Traits::kCtaThreads, kSmem, stream>>>(
+          params, make_bwd_ws_loads<Traits>(params));
 }
 
 // Every tile fits Hopper's 227 KB: one tile set.

@@ -6,12 +6,10 @@
 // one tile instead (FLASHATTN_SM90_TILE_M / _N) to time alternatives.
 #pragma once
 
-#include <stdexcept>
-#include <string>
-
 #include "flashattn/arch/sm90.h"
 #include "flashattn/kernel/fwd_sm90.h"
 #include "flashattn/launch/fwd_launch.h"
+#include "flashattn/launch/tma_sm90.h"
 
 namespace flashattn {
 
@@ -31,55 +29,18 @@ template <int kHeadDim>
 struct Sm90FwdWsTile : Sm90FwdWsDropoutTile<kHeadDim> {};
 #endif
 
-// A TMA descriptor of q, k or v as a (rows, head dim, heads, batch) view, for
-// boxes of kRows x the bucket's head dim; a varlen tensor is one batch of its
-// packed rows. Strides of dims of size 1 are never stepped and may be any number
-// (ops.cpp checks the others are multiples of 16 bytes, as TMA needs): they are
-// replaced by 16 bytes. A zero stride on a longer dim (a view from expand()) is
-// refused: TMA descriptors are not specified for it.
-template <typename Traits, int kRows, typename SmemLayout>
-auto make_rows_tma(const char* name, const void* base, const void* fallback, bool packed, int rows, int total_rows,
-                   int heads, int batch, int head_dim, index_t row_stride, index_t head_stride,
-                   index_t batch_stride) {
-  using Element = typename Traits::Element;
-  if (packed) {
-    rows = total_rows;
-    batch = 1;
-  }
-  // Varlen without any key: the kernels read no key, and the descriptor needs
-  // an address and a row.
-  if (rows == 0) {
-    base = fallback;
-    rows = 1;
-  }
-  auto stride_of = [&](int size, index_t stride) {
-    if (size > 1 && stride == 0) {
-      throw std::runtime_error(std::string("flashattn: ") + name +
-                               " repeats along a dim (stride 0 and size > 1, e.g. a view from expand()); the sm90 "
-                               "forward reads q, k and v through TMA, which needs real strides: pass " + name +
-                               ".contiguous() (the flash_attn_* functions copy such inputs)");
-    }
-    return int64_t(size > 1 ? stride : 16 / sizeof(Element));
-  };
-  Tensor view = make_tensor(make_gmem_ptr(static_cast<Element const*>(base)),
-                            typename Traits::GmemLayoutRows(
-                                make_shape(rows, head_dim, heads, batch),
-                                make_stride(stride_of(rows, row_stride), _1{}, stride_of(heads, head_stride),
-                                            stride_of(batch, batch_stride))));
-  return make_tma_copy(SM90_TMA_LOAD{}, view, SmemLayout{}, Shape<Int<kRows>, Int<Traits::kHeadDim>>{}, _1{});
-}
-
 template <typename Traits>
 FwdWsLoads<Traits> make_fwd_ws_loads(const FwdParams& p) {
+  using Element = typename Traits::Element;
+  constexpr int kD = Traits::kHeadDim, kM = Traits::kBlockM, kN = Traits::kBlockN;
   const bool packed_q = p.cu_seqlens_q != nullptr, packed_k = p.cu_seqlens_k != nullptr;
-  constexpr int kM = Traits::kBlockM, kN = Traits::kBlockN;
   using LayoutQ = typename Traits::SmemLayoutQ;
   using LayoutKV = typename Traits::SmemLayoutKV;
-  return {make_rows_tma<Traits, kM, LayoutQ>("q", p.q, p.q, packed_q, p.seqlen_q, p.total_q, p.heads, p.batch,
+  return {make_rows_tma<Element, kD, kM, LayoutQ>("q", p.q, p.q, packed_q, p.seqlen_q, p.total_q, p.heads, p.batch,
                                              p.head_dim, p.q_row_stride, p.q_head_stride, p.q_batch_stride),
-          make_rows_tma<Traits, kN, LayoutKV>("k", p.k, p.q, packed_k, p.seqlen_k, p.total_k, p.heads_k, p.batch,
+          make_rows_tma<Element, kD, kN, LayoutKV>("k", p.k, p.q, packed_k, p.seqlen_k, p.total_k, p.heads_k, p.batch,
                                               p.head_dim, p.k_row_stride, p.k_head_stride, p.k_batch_stride),
-          make_rows_tma<Traits, kN, LayoutKV>("v", p.v, p.q, packed_k, p.seqlen_k, p.total_k, p.heads_k, p.batch,
+          make_rows_tma<Element, kD, kN, LayoutKV>("v", p.v, p.q, packed_k, p.seqlen_k, p.total_k, p.heads_k, p.batch,
                                               p.head_dim, p.v_row_stride, p.v_head_stride, p.v_batch_stride)};
 }
 
