@@ -118,6 +118,10 @@ struct Sm90FwdWsTraits : Sm90FwdTraits<Element_, kHeadDim_, kBlockM_, kBlockN_> 
   static constexpr int kProducerRegisters = 56;
   static constexpr int kConsumerRegisters = kConsumerThreads == 256 ? 224 : 256;
   static_assert(register_split_fits(kProducerThreads, kProducerRegisters, kConsumerThreads, kConsumerRegisters));
+  // The softmax of key block n - 1 runs while P V of block n multiplies: S and
+  // P live at once, which fits the consumers' registers up to d128 (the d256
+  // tile spilled 100 B in its loop). +4.5% forward at d128 on an H100.
+  static constexpr bool kOverlapSoftmax = kHeadDim <= 128;
   // Stages filled by TMA: the full barrier counts the bytes that landed.
   using Pipeline = cutlass::PipelineTmaAsync<kStages>;
   using PipelineQ = cutlass::PipelineTmaAsync<1>;

@@ -251,23 +251,34 @@ __global__ void __launch_bounds__(Traits::kCtaThreads, 1)
 
       clear(acc_o);
       OnlineSoftmax<kRows, Traits::kRowShuffleMask> softmax;
-      for (int n_block = n_end - 1; n_block >= n_begin; --n_block) {
-        const int n0 = n_block * kBlockN;
-        Tensor sK = make_tensor(make_smem_ptr(storage.k[state.index()].data()), typename Traits::SmemLayoutKV{});
-        Tensor sV = make_tensor(make_smem_ptr(storage.v[state.index()].data()), typename Traits::SmemLayoutKV{});
-        Tensor sVt = make_tensor(sV.data(), typename Traits::SmemLayoutVt{});
-        Tensor tSrK = thr_mma.partition_fragment_B(sK);
-        Tensor tOrVt = thr_mma_pv.partition_fragment_B(sVt);
-
-        Tensor acc_s = partition_fragment_C(tiled_mma, Shape<Int<kBlockM>, Int<kBlockN>>{});
-        pipeline_k.consumer_wait(state);
-        wgmma_gemm<true>(tiled_mma, tSrQ, tSrK, acc_s);
+      float correction[kRows];  // the output's rescale before the next P V adds to it
+      Tensor acc_s = partition_fragment_C(tiled_mma, Shape<Int<kBlockM>, Int<kBlockN>>{});
+      Tensor acc_s_rc = make_tensor(acc_s.data(), Traits::rowcol(acc_s.layout()));
+      Tensor rP = make_tensor_like<Element>(acc_s);
+      Tensor tOrP = make_tensor(rP.data(), Traits::c_to_a(rP.layout()));
+      using StageState = typename Pipeline::PipelineState;
+      auto sV_of = [&](int stage) {
+        return make_tensor(make_smem_ptr(storage.v[stage].data()), typename Traits::SmemLayoutKV{});
+      };
+      // S = Q K^T of the key block in `stage`, issued into acc_s.
+      auto issue_s = [&](const StageState& stage) {
+        pipeline_k.consumer_wait(stage);
+        Tensor sK = make_tensor(make_smem_ptr(storage.k[stage.index()].data()), typename Traits::SmemLayoutKV{});
+        wgmma_issue<true>(tiled_mma, tSrQ, thr_mma.partition_fragment_B(sK), acc_s);
+      };
+      // S of key block n_block landed in acc_s: its K stage is read, and after
+      // the tile's last block Q too (where the output has its own tile).
+      auto release_k = [&](const StageState& stage, int n_block) {
         __syncwarp();
-        if (lane == 0) pipeline_k.consumer_release(state);
+        if (lane == 0) pipeline_k.consumer_release(stage);
         if constexpr (kOwnOutputTile) {
           if (n_block == n_begin && lane == 0) pipeline_q.consumer_release(state_q);  // the tile's last read of Q
         }
-
+      };
+      // acc_s of key block n_block: score modifiers and mask, then probabilities
+      // (the output's correction for them in `correction`).
+      auto exponentiate = [&](int n_block) {
+        const int n0 = n_block * kBlockN;
         if constexpr (kScoreMods) {
           if (params.softcap > 0.f) {
             CUTE_UNROLL
@@ -276,28 +287,86 @@ __global__ void __launch_bounds__(Traits::kCtaThreads, 1)
           if (alibi_slope != 0.f) mask.add_alibi(acc_s, tScS, tScS0, m0, n0, alibi_slope);
         }
         if (mask.tile_needs_mask(m0, kBlockM, n0, kBlockN)) mask.apply(acc_s, tScS, tScS0, m0, n0);
-        Tensor acc_s_rc = make_tensor(acc_s.data(), Traits::rowcol(acc_s.layout()));
-        softmax.update(acc_s_rc, acc_o_rc, params.score_scale_log2);
-        Tensor rP = convert_fragment<Element>(acc_s);
+        softmax.exponentiate(acc_s_rc, params.score_scale_log2, correction);
+      };
+      // The output rescaled, and acc_s's probabilities into rP, the 16-bit A
+      // operand of O += P V (whole registers: an element-wise copy into a
+      // fragment that lives across iterations shuffles halves), dropped where
+      // dropout says so.
+      auto to_operand = [&](int n_block) {
+        softmax.rescale(acc_o_rc, correction);
+        convert_fragment_into(acc_s, rP);
         if constexpr (kDropout) {
           Dropout<Traits>(params, tile.batch, tile.head)
-              .drop_probabilities(make_tensor(rP.data(), Traits::rowcol(rP.layout())), tScS_rc, tScS0_rc, m0, n0);
+              .drop_probabilities(make_tensor(rP.data(), Traits::rowcol(rP.layout())), tScS_rc, tScS0_rc, m0,
+                                  n_block * kBlockN);
         }
-        Tensor tOrP = make_tensor(rP.data(), Traits::c_to_a(rP.layout()));
-
-        pipeline_v.consumer_wait(state);
+      };
+      // O += P V of key block n_block, issued once its V landed. A varlen
+      // sequence's last block holds the next sequence's rows past its end: their
+      // P is 0, but 0 * Inf is NaN, so they are zeroed first (no sequence's
+      // values reach another's output).
+      auto issue_pv = [&](const StageState& stage, int n_block) {
+        pipeline_v.consumer_wait(stage);
+        const int n0 = n_block * kBlockN;
         if (params.cu_seqlens_k != nullptr && n0 + kBlockN > seq.seqlen_k) {
-          // A varlen sequence's last block: TMA read the next sequence's rows
-          // past its end. Their P is 0, but 0 * Inf is NaN: zero them, so that
-          // no sequence's values reach another's output.
+          Tensor sV = sV_of(stage.index());
           zero_rows_from<Traits>(sV, seq.seqlen_k - n0, tidx);
           cutlass::arch::fence_view_async_shared();  // generic writes, read by wgmma
           consumers_sync<Traits>();
         }
-        wgmma_gemm<false>(tiled_mma_pv, tOrP, tOrVt, acc_o);
+        Tensor sVt = make_tensor(sV_of(stage.index()).data(), typename Traits::SmemLayoutVt{});
+        wgmma_issue<false>(tiled_mma_pv, tOrP, thr_mma_pv.partition_fragment_B(sVt), acc_o);
+      };
+      auto release_v = [&](const StageState& stage) {
         __syncwarp();
-        if (lane == 0) pipeline_v.consumer_release(state);
+        if (lane == 0) pipeline_v.consumer_release(stage);
+      };
+
+      // Key blocks from the last.
+      if constexpr (Traits::kOverlapSoftmax) {
+        // The loop rotated by half a block: an iteration issues S of block
+        // n - 1, then P V of block n, and exponentiates n - 1 while P V
+        // multiplies. The wait for that P V opens the next iteration (placed
+        // after the softmax, ptxas moves the exponentials below it).
+        int n_block = n_end - 1;
+        issue_s(state);
+        wgmma_wait<0>(acc_s);
+        release_k(state, n_block);
+        exponentiate(n_block);
+        StageState pv_state = state;  // the stage of the P V in flight
+        for (; n_block > n_begin; --n_block) {
+          wgmma_wait<0>(acc_o, tOrP);
+          if (n_block < n_end - 1) release_v(pv_state);
+          to_operand(n_block);
+          StageState next = state;
+          ++next;
+          issue_s(next);
+          issue_pv(state, n_block);
+          wgmma_wait<1>(acc_s);
+          release_k(next, n_block - 1);
+          exponentiate(n_block - 1);
+          pv_state = state;
+          state = next;
+        }
+        wgmma_wait<0>(acc_o, tOrP);
+        if (n_begin < n_end - 1) release_v(pv_state);
+        to_operand(n_begin);
+        issue_pv(state, n_begin);
+        wgmma_wait<0>(acc_o, tOrP);
+        release_v(state);
         ++state;
+      } else {
+        for (int n_block = n_end - 1; n_block >= n_begin; --n_block, ++state) {
+          issue_s(state);
+          wgmma_wait<0>(acc_s);
+          release_k(state, n_block);
+          exponentiate(n_block);
+          to_operand(n_block);
+          issue_pv(state, n_block);
+          wgmma_wait<0>(acc_o, tOrP);
+          release_v(state);
+        }
       }
       softmax.finalize(acc_o_rc, params.score_scale_log2, lse);
       if constexpr (kDropout) {

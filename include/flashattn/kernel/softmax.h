@@ -23,6 +23,17 @@ struct OnlineSoftmax {
   // out (rows, head_dim) is rescaled to the new running maximum.
   template <typename Scores, typename Out>
   __device__ void update(Scores& scores, Out& out, float scale_log2) {
+    float correction[kRows];
+    exponentiate(scores, scale_log2, correction);
+    rescale(out, correction);
+  }
+
+  // update()'s two halves, for a kernel that multiplies the last block's
+  // probabilities while it exponentiates the next: scores become probabilities,
+  // and correction[r] is what the output so far must be scaled by (rescale())
+  // before those probabilities add to it.
+  template <typename Scores>
+  __device__ void exponentiate(Scores& scores, float scale_log2, float (&correction)[kRows]) {
     CUTE_UNROLL
     for (int r = 0; r < kRows; ++r) {
       float m = row_max[r];
@@ -36,11 +47,9 @@ struct OnlineSoftmax {
       // did not move. (exp2(old * scale - m_scaled) carries m_scaled's rounding,
       // up to 1e-4 when scores are in the thousands, into every key block: a
       // systematic drift of row_sum, and so of the lse, by ~0.5% over 4k keys.)
-      const float correction = row_max[r] == -INFINITY ? 0.f : exp2f((row_max[r] - m) * scale_log2);
+      correction[r] = row_max[r] == -INFINITY ? 0.f : exp2f((row_max[r] - m) * scale_log2);
       row_max[r] = m;
-      row_sum[r] *= correction;
-      CUTE_UNROLL
-      for (int c = 0; c < size<1>(out); ++c) out(r, c) *= correction;
+      row_sum[r] *= correction[r];
       float sum = 0.f;
       CUTE_UNROLL
       for (int c = 0; c < size<1>(scores); ++c) {
@@ -49,6 +58,15 @@ struct OnlineSoftmax {
         sum += p;
       }
       row_sum[r] += sum;
+    }
+  }
+
+  template <typename Out>
+  __device__ static void rescale(Out& out, const float (&correction)[kRows]) {
+    CUTE_UNROLL
+    for (int r = 0; r < kRows; ++r) {
+      CUTE_UNROLL
+      for (int c = 0; c < size<1>(out); ++c) out(r, c) *= correction[r];
     }
   }
 

@@ -205,15 +205,23 @@ __device__ __forceinline__ float tanh_exp2(float x) {
   return 1.f - 2.f / (exp2f(x * 2.8853900817779268f) + 1.f);  // 2 * log2(e)
 }
 
-// Type conversion of a whole register fragment (packed cvt instructions).
-template <typename To, typename Fragment>
-__device__ __forceinline__ auto convert_fragment(const Fragment& src) {
+// Type conversion of a whole register fragment (packed cvt instructions), into
+// a fragment of the same size (as whole registers: an element-wise copy of
+// 16-bit values would shuffle halves) or into a new one.
+template <typename Fragment, typename Dst>
+__device__ __forceinline__ void convert_fragment_into(const Fragment& src, Dst& dst) {
   using From = typename Fragment::value_type;
+  using To = typename Dst::value_type;
   constexpr int N = decltype(size(src))::value;
-  auto dst = make_tensor_like<To>(src);
+  static_assert(decltype(size(dst))::value == N);
   cutlass::NumericArrayConverter<To, From, N> convert;
   *reinterpret_cast<cutlass::Array<To, N>*>(dst.data()) =
       convert(*reinterpret_cast<const cutlass::Array<From, N>*>(src.data()));
+}
+template <typename To, typename Fragment>
+__device__ __forceinline__ auto convert_fragment(const Fragment& src) {
+  auto dst = make_tensor_like<To>(src);
+  convert_fragment_into(src, dst);
   return dst;
 }
 
