@@ -388,13 +388,26 @@ __global__ void __launch_bounds__(Traits::kCtaThreads, 1)
         if (row < seq.seqlen_q) lse_row0[row] = lse[r];
       }
     }
-    // Epilogue: O through shared memory for 16-byte global stores, once every
-    // consumer is done with the tile (its Q, where O is staged in Q's place; its
-    // last output, read by the other warpgroup's threads too).
-    consumers_sync<Traits>();
-    store_through_smem<typename Traits::GmemTiledCopyO, typename Traits::SmemCopyAtomO>(
-        acc_o, tiled_mma_pv, sO, gO, rows_left_q, params.head_dim, tidx, NoRowOffset{},
-        [] { consumers_sync<Traits>(); });
+    // Epilogue: O through shared memory for 16-byte global stores. Where O has
+    // its own tile, each warpgroup stores its 64 rows alone: no barrier across
+    // warpgroups, which stay out of step (one's softmax under the other's
+    // products) from tile to tile. Where O is staged in Q's place, every
+    // consumer must be done with Q (and the last output) first.
+    if constexpr (kOwnOutputTile) {
+      const int wg = tidx / 128;
+      Tensor sOw = local_tile(sO, Shape<_64, Int<kHeadDim>>{}, make_coord(wg, 0));
+      Tensor gOw = local_tile(mO, Shape<_64, Int<kHeadDim>>{}, make_coord(tile.m_block * (kBlockM / 64) + wg, 0));
+      warpgroup_sync(wg);  // its last tile's stores have read sOw
+      stage_in_smem<typename Traits::SmemCopyAtomO>(acc_o, tiled_mma_pv, sO, tidx);
+      warpgroup_sync(wg);
+      store_from_smem<typename Traits::GmemTiledCopyOWarpgroup>(sOw, gOw, rows_left_q - 64 * wg, params.head_dim,
+                                                                 tidx % 128);
+    } else {
+      consumers_sync<Traits>();
+      store_through_smem<typename Traits::GmemTiledCopyO, typename Traits::SmemCopyAtomO>(
+          acc_o, tiled_mma_pv, sO, gO, rows_left_q, params.head_dim, tidx, NoRowOffset{},
+          [] { consumers_sync<Traits>(); });
+    }
     if (!kOwnOutputTile || !any_key) {  // else released after the last S = QK^T
       // Where the output is staged in Q's place, every thread's accesses to it
       // come first: the next Q is loaded over it, through the async proxy.

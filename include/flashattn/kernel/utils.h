@@ -236,16 +236,22 @@ struct SyncThreads {
   __device__ __forceinline__ void operator()() const { __syncthreads(); }
 };
 
-template <typename GmemTiledCopy, typename SmemCopyAtom, typename Acc, typename TiledMma, typename SmemTile,
-          typename GmemTile, typename RowOffset = NoRowOffset, typename Sync = SyncThreads>
-__device__ __forceinline__ void store_through_smem(const Acc& acc, TiledMma mma, SmemTile& sTile, GmemTile& gTile,
-                                                   int rows_left, int cols_left, int tidx,
-                                                   const RowOffset& row_offset = {}, const Sync& sync = {}) {
+// The two halves, for callers whose threads store parts of a tile on their own:
+// the fragment into sTile (the thread's own elements of `mma`'s C tile), and
+// rows < rows_left, columns < cols_left of sTile to gTile by tidx's share of
+// GmemTiledCopy.
+template <typename SmemCopyAtom, typename Acc, typename TiledMma, typename SmemTile>
+__device__ __forceinline__ void stage_in_smem(const Acc& acc, TiledMma mma, SmemTile& sTile, int tidx) {
   using Element = typename SmemTile::value_type;
   Tensor rAcc = convert_fragment<Element>(acc);
   auto copy_c = make_tiled_copy_C(SmemCopyAtom{}, mma);
   copy(copy_c, make_tensor(rAcc.data(), copy_c.retile(rAcc.layout())), copy_c.get_thread_slice(tidx).partition_D(sTile));
-  sync();
+}
+
+template <typename GmemTiledCopy, typename SmemTile, typename GmemTile, typename RowOffset = NoRowOffset>
+__device__ __forceinline__ void store_from_smem(const SmemTile& sTile, GmemTile& gTile, int rows_left, int cols_left,
+                                                int tidx, const RowOffset& row_offset = {}) {
+  using Element = typename SmemTile::value_type;
   GmemTiledCopy gmem_copy;
   auto thr = gmem_copy.get_thread_slice(tidx);
   Tensor tSsT = thr.partition_S(sTile);                                             // (CPY, CPY_ROWS, CPY_COLS)
@@ -257,6 +263,16 @@ __device__ __forceinline__ void store_through_smem(const Acc& acc, TiledMma mma,
   Tensor tSrT = make_tensor<Element>(shape(tSgT));
   copy(gmem_copy, tSsT, tSrT);
   store_tile(gmem_copy, tSrT, tSgT, tScT, tSpT, rows_left, row_offset);
+}
+
+template <typename GmemTiledCopy, typename SmemCopyAtom, typename Acc, typename TiledMma, typename SmemTile,
+          typename GmemTile, typename RowOffset = NoRowOffset, typename Sync = SyncThreads>
+__device__ __forceinline__ void store_through_smem(const Acc& acc, TiledMma mma, SmemTile& sTile, GmemTile& gTile,
+                                                   int rows_left, int cols_left, int tidx,
+                                                   const RowOffset& row_offset = {}, const Sync& sync = {}) {
+  stage_in_smem<SmemCopyAtom>(acc, mma, sTile, tidx);
+  sync();
+  store_from_smem<GmemTiledCopy>(sTile, gTile, rows_left, cols_left, tidx, row_offset);
 }
 
 }  // namespace flashattn

@@ -79,6 +79,9 @@ __device__ __forceinline__ void consumers_sync() {
   cutlass::arch::NamedBarrier::sync(Traits::kConsumerThreads, 0);
 }
 
+// The 128 threads of consumer warpgroup `wg` (named barriers 1, 2, ...).
+__device__ __forceinline__ void warpgroup_sync(int wg) { cutlass::arch::NamedBarrier::sync(128, 1 + wg); }
+
 template <typename Traits>
 struct ConsumersSync {
   __device__ __forceinline__ void operator()() const { consumers_sync<Traits>(); }
