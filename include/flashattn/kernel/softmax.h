@@ -23,12 +23,16 @@ struct OnlineSoftmax {
   // out (rows, head_dim) is rescaled to the new running maximum.
   template <typename Scores, typename Out>
   __device__ void update(Scores& scores, Out& out, float scale_log2) {
-    float correction[kRows];
-    exponentiate(scores, scale_log2, correction);
-    rescale(out, correction);
+    CUTE_UNROLL
+    for (int r = 0; r < kRows; ++r) {
+      update_row(r, scores, scale_log2, [&](float correction) {
+        CUTE_UNROLL
+        for (int c = 0; c < size<1>(out); ++c) out(r, c) *= correction;
+      });
+    }
   }
 
-  // update()'s two halves, for a kernel that multiplies the last block's
+  // update() without the output, for a kernel that multiplies the last block's
   // probabilities while it exponentiates the next: scores become probabilities,
   // and correction[r] is what the output so far must be scaled by (rescale())
   // before those probabilities add to it.
@@ -36,29 +40,38 @@ struct OnlineSoftmax {
   __device__ void exponentiate(Scores& scores, float scale_log2, float (&correction)[kRows]) {
     CUTE_UNROLL
     for (int r = 0; r < kRows; ++r) {
-      float m = row_max[r];
-      CUTE_UNROLL
-      for (int c = 0; c < size<1>(scores); ++c) m = fmaxf(m, scores(r, c));
-      m = lane_allreduce<kRowShuffleMask>(m, [](float a, float b) { return fmaxf(a, b); });
-      // A row that has seen only masked keys keeps max -inf: use 0 so that
-      // exp2(-inf - 0) = 0 instead of NaN.
-      const float m_scaled = m == -INFINITY ? 0.f : m * scale_log2;
-      // The maxima's difference first, then the scale: exactly 1 when the maximum
-      // did not move. (exp2(old * scale - m_scaled) carries m_scaled's rounding,
-      // up to 1e-4 when scores are in the thousands, into every key block: a
-      // systematic drift of row_sum, and so of the lse, by ~0.5% over 4k keys.)
-      correction[r] = row_max[r] == -INFINITY ? 0.f : exp2f((row_max[r] - m) * scale_log2);
-      row_max[r] = m;
-      row_sum[r] *= correction[r];
-      float sum = 0.f;
-      CUTE_UNROLL
-      for (int c = 0; c < size<1>(scores); ++c) {
-        const float p = exp2f(fmaf(scores(r, c), scale_log2, -m_scaled));
-        scores(r, c) = p;
-        sum += p;
-      }
-      row_sum[r] += sum;
+      update_row(r, scores, scale_log2, [&](float c) { correction[r] = c; });
     }
+  }
+
+  // Row r: the new running maximum, the correction of the rows' state so far
+  // (row_sum scaled; `with_correction` gets it before the exponentials, where
+  // update() rescales the output), then the row's probabilities.
+  template <typename Scores, typename WithCorrection>
+  __device__ void update_row(int r, Scores& scores, float scale_log2, WithCorrection&& with_correction) {
+    float m = row_max[r];
+    CUTE_UNROLL
+    for (int c = 0; c < size<1>(scores); ++c) m = fmaxf(m, scores(r, c));
+    m = lane_allreduce<kRowShuffleMask>(m, [](float a, float b) { return fmaxf(a, b); });
+    // A row that has seen only masked keys keeps max -inf: use 0 so that
+    // exp2(-inf - 0) = 0 instead of NaN.
+    const float m_scaled = m == -INFINITY ? 0.f : m * scale_log2;
+    // The maxima's difference first, then the scale: exactly 1 when the maximum
+    // did not move. (exp2(old * scale - m_scaled) carries m_scaled's rounding,
+    // up to 1e-4 when scores are in the thousands, into every key block: a
+    // systematic drift of row_sum, and so of the lse, by ~0.5% over 4k keys.)
+    const float correction = row_max[r] == -INFINITY ? 0.f : exp2f((row_max[r] - m) * scale_log2);
+    row_max[r] = m;
+    row_sum[r] *= correction;
+    with_correction(correction);
+    float sum = 0.f;
+    CUTE_UNROLL
+    for (int c = 0; c < size<1>(scores); ++c) {
+      const float p = exp2f(fmaf(scores(r, c), scale_log2, -m_scaled));
+      scores(r, c) = p;
+      sum += p;
+    }
+    row_sum[r] += sum;
   }
 
   template <typename Out>
