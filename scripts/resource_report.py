@@ -63,6 +63,11 @@ def describe(kernel):
         q_buffers = 2 if bwd.group(1) == "1" else 1
         smem = ((q_buffers + 1) * bm * d + 2 * bn * d + 2 * bm * bn) * elem_bytes
     label = f"{traits} {element:<10} d{d:<3} {bm}x{bn} {warps} warps"
+    if traits.endswith("WsTraits") and traits.startswith("Sm90Fwd"):
+        # Sm90FwdWsTraits<..., kStages>: Q and kStages K and V stages (the
+        # output's own tile, where it fits, comes on top)
+        smem = (bm + 2 * int(warps) * bn) * d * elem_bytes
+        label = f"{traits} {element:<10} d{d:<3} {bm}x{bn} {warps} stages"
     if flag := re.search(r"EELb([01])E", kernel["name"]):
         label += " +mods" if flag.group(1) == "1" else ""
     if "convert_dq" in kernel["name"]:

@@ -113,15 +113,25 @@ struct Sm90FwdWsTraits : Sm90FwdTraits<Element_, kHeadDim_, kBlockM_, kBlockN_> 
   static constexpr int kProducerThreads = 128;
   static constexpr int kCtaThreads = kProducerThreads + kConsumerThreads;
   // Registers per thread after `setmaxnreg` (multiples of 8, within what the
-  // CTA got at launch): 40 / 232 measured no faster than 56 / 224, and 24 spills
-  // the producer's tile state.
-  static constexpr int kProducerRegisters = 56;
-  static constexpr int kConsumerRegisters = kConsumerThreads == 256 ? 224 : 256;
+  // CTA got at launch). Two consumer warpgroups: 40 / 232 measured no faster
+  // than 56 / 224, and 24 spills the producer's tile state. Three (192 rows):
+  // the CTA gets 128 per thread, 32 / 160 uses them all.
+  static constexpr int kConsumerWarpgroups = kConsumerThreads / 128;
+  static_assert(kConsumerWarpgroups >= 1 && kConsumerWarpgroups <= 3);
+  static constexpr int kProducerRegisters = kConsumerWarpgroups == 3 ? 32 : 56;
+  static constexpr int kConsumerRegisters = kConsumerWarpgroups == 1 ? 256 : kConsumerWarpgroups == 2 ? 224 : 160;
   static_assert(register_split_fits(kProducerThreads, kProducerRegisters, kConsumerThreads, kConsumerRegisters));
   // The softmax of key block n - 1 runs while P V of block n multiplies: S and
-  // P live at once, which fits the consumers' registers up to d128 (the d256
-  // tile spilled 100 B in its loop). +4.5% forward at d128 on an H100.
-  static constexpr bool kOverlapSoftmax = kHeadDim <= 128;
+  // P live at once, which fits the consumers' registers up to d128 with two
+  // consumer warpgroups (the d256 tile spilled 100 B in its loop, three
+  // warpgroups' 160 registers spilled in the d64 loop). +4.5% forward at d128
+  // on an H100. Three warpgroups overlap one's softmax with the others' products.
+  static constexpr bool kOverlapSoftmax = kHeadDim <= 128 && kConsumerWarpgroups < 3;
+  // A consumer warpgroup whose rows all lie past the sequence's end skips the
+  // tile's products (kernel/fwd_sm90.h). Three warpgroups only, a tile that is
+  // not the default and not yet timed (docs/perf-notes.md): 512 or 1k tokens in
+  // 192-row tiles leave one or two such warpgroups per sequence.
+  static constexpr bool kSkipRowlessWarpgroups = kConsumerWarpgroups == 3;
   // Shared -> global for one warpgroup's 64 rows of O (its 128 threads).
   using GmemTiledCopyOWarpgroup = decltype(make_tiled_copy(
       Copy_Atom<UniversalCopy<uint128_t>, Element>{},

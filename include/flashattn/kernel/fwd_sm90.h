@@ -238,6 +238,54 @@ __global__ void __launch_bounds__(Traits::kCtaThreads, 1)
         make_layout(make_shape(seq.seqlen_q, Int<kHeadDim>{}), make_stride(params.out_row_stride, _1{})));
     Tensor gO = local_tile(mO, Shape<Int<kBlockM>, Int<kHeadDim>>{}, make_coord(tile.m_block, 0));
 
+    using StageState = typename Pipeline::PipelineState;
+    auto sV_of = [&](int stage) {
+      return make_tensor(make_smem_ptr(storage.v[stage].data()), typename Traits::SmemLayoutKV{});
+    };
+    // Key block n_block's K was read (S landed in acc_s), and after the tile's
+    // last block Q too (where the output has its own tile).
+    auto release_k = [&](const StageState& stage, int n_block) {
+      __syncwarp();
+      if (lane == 0) pipeline_k.consumer_release(stage);
+      if constexpr (kOwnOutputTile) {
+        if (n_block == n_begin && lane == 0) pipeline_q.consumer_release(state_q);  // the tile's last read of Q
+      }
+    };
+    // Waits for key block n_block's V. A varlen sequence's last block holds the
+    // next sequence's rows past its end: their P is 0, but 0 * Inf is NaN, so
+    // every consumer zeroes its share of them first (no sequence's values reach
+    // another's output).
+    auto wait_v = [&](const StageState& stage, int n_block) {
+      pipeline_v.consumer_wait(stage);
+      const int n0 = n_block * kBlockN;
+      if (params.cu_seqlens_k != nullptr && n0 + kBlockN > seq.seqlen_k) {
+        Tensor sV = sV_of(stage.index());
+        zero_rows_from<Traits>(sV, seq.seqlen_k - n0, tidx);
+        cutlass::arch::fence_view_async_shared();  // generic writes, read by wgmma
+        consumers_sync<Traits>();
+      }
+    };
+    auto release_v = [&](const StageState& stage) {
+      __syncwarp();
+      if (lane == 0) pipeline_v.consumer_release(stage);
+    };
+
+    // A warpgroup whose 64 rows all lie past the sequence's end (the last tile
+    // of a sequence) computes and stores nothing: it passes the stages on, and
+    // its share of the tensor cores goes to the other warpgroups. Only where
+    // each warpgroup stores its own output rows (no barrier across them).
+    if (Traits::kSkipRowlessWarpgroups && kOwnOutputTile && m0 + 64 * (tidx / 128) >= seq.seqlen_q) {
+      for (int n_block = n_end - 1; n_block >= n_begin; --n_block, ++state) {
+        pipeline_k.consumer_wait(state);
+        release_k(state, n_block);
+        wait_v(state, n_block);
+        release_v(state);
+      }
+      if (n_end <= n_begin && lane == 0) pipeline_q.consumer_release(state_q);  // else with the last K
+      ++state_q;
+      continue;
+    }
+
     Tensor acc_o = partition_fragment_C(tiled_mma_pv, Shape<Int<kBlockM>, Int<kHeadDim>>{});
     Tensor acc_o_rc = make_tensor(acc_o.data(), Traits::rowcol(acc_o.layout()));
     constexpr int kRows = decltype(size<0>(acc_o_rc))::value;
@@ -256,24 +304,11 @@ __global__ void __launch_bounds__(Traits::kCtaThreads, 1)
       Tensor acc_s_rc = make_tensor(acc_s.data(), Traits::rowcol(acc_s.layout()));
       Tensor rP = make_tensor_like<Element>(acc_s);
       Tensor tOrP = make_tensor(rP.data(), Traits::c_to_a(rP.layout()));
-      using StageState = typename Pipeline::PipelineState;
-      auto sV_of = [&](int stage) {
-        return make_tensor(make_smem_ptr(storage.v[stage].data()), typename Traits::SmemLayoutKV{});
-      };
       // S = Q K^T of the key block in `stage`, issued into acc_s.
       auto issue_s = [&](const StageState& stage) {
         pipeline_k.consumer_wait(stage);
         Tensor sK = make_tensor(make_smem_ptr(storage.k[stage.index()].data()), typename Traits::SmemLayoutKV{});
         wgmma_issue<true>(tiled_mma, tSrQ, thr_mma.partition_fragment_B(sK), acc_s);
-      };
-      // S of key block n_block landed in acc_s: its K stage is read, and after
-      // the tile's last block Q too (where the output has its own tile).
-      auto release_k = [&](const StageState& stage, int n_block) {
-        __syncwarp();
-        if (lane == 0) pipeline_k.consumer_release(stage);
-        if constexpr (kOwnOutputTile) {
-          if (n_block == n_begin && lane == 0) pipeline_q.consumer_release(state_q);  // the tile's last read of Q
-        }
       };
       // acc_s of key block n_block: score modifiers and mask, then probabilities
       // (the output's correction for them in `correction`).
@@ -302,25 +337,11 @@ __global__ void __launch_bounds__(Traits::kCtaThreads, 1)
                                   n_block * kBlockN);
         }
       };
-      // O += P V of key block n_block, issued once its V landed. A varlen
-      // sequence's last block holds the next sequence's rows past its end: their
-      // P is 0, but 0 * Inf is NaN, so they are zeroed first (no sequence's
-      // values reach another's output).
+      // O += P V of key block n_block, issued once its V landed.
       auto issue_pv = [&](const StageState& stage, int n_block) {
-        pipeline_v.consumer_wait(stage);
-        const int n0 = n_block * kBlockN;
-        if (params.cu_seqlens_k != nullptr && n0 + kBlockN > seq.seqlen_k) {
-          Tensor sV = sV_of(stage.index());
-          zero_rows_from<Traits>(sV, seq.seqlen_k - n0, tidx);
-          cutlass::arch::fence_view_async_shared();  // generic writes, read by wgmma
-          consumers_sync<Traits>();
-        }
+        wait_v(stage, n_block);
         Tensor sVt = make_tensor(sV_of(stage.index()).data(), typename Traits::SmemLayoutVt{});
         wgmma_issue<false>(tiled_mma_pv, tOrP, thr_mma_pv.partition_fragment_B(sVt), acc_o);
-      };
-      auto release_v = [&](const StageState& stage) {
-        __syncwarp();
-        if (lane == 0) pipeline_v.consumer_release(stage);
       };
 
       // Key blocks from the last.
