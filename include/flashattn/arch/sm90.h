@@ -131,7 +131,13 @@ struct Sm90FwdWsTraits : Sm90FwdTraits<Element_, kHeadDim_, kBlockM_, kBlockN_> 
   // tile's products (kernel/fwd_sm90.h). Three warpgroups only, a tile that is
   // not the default and not yet timed (docs/perf-notes.md): 512 or 1k tokens in
   // 192-row tiles leave one or two such warpgroups per sequence.
+  // -DFLASHATTN_SM90_SKIP_ROWLESS turns it on for every tile, to time it on
+  // varlen batches of short sequences.
+#if defined(FLASHATTN_SM90_SKIP_ROWLESS)
+  static constexpr bool kSkipRowlessWarpgroups = true;
+#else
   static constexpr bool kSkipRowlessWarpgroups = kConsumerWarpgroups == 3;
+#endif
   // Shared -> global for one warpgroup's 64 rows of O (its 128 threads).
   using GmemTiledCopyOWarpgroup = decltype(make_tiled_copy(
       Copy_Atom<UniversalCopy<uint128_t>, Element>{},
