@@ -112,21 +112,31 @@ struct Sm90FwdWsTraits : Sm90FwdTraits<Element_, kHeadDim_, kBlockM_, kBlockN_> 
   static constexpr int kConsumerThreads = Base::kNThreads;  // GmemTiledCopyO: O, by the consumers
   static constexpr int kProducerThreads = 128;
   static constexpr int kCtaThreads = kProducerThreads + kConsumerThreads;
-  // Registers per thread after `setmaxnreg` (multiples of 8, within what the
-  // CTA got at launch). Two consumer warpgroups: 40 / 232 measured no faster
-  // than 56 / 224, and 24 spills the producer's tile state. Three (192 rows):
-  // the CTA gets 128 per thread, 32 / 160 uses them all.
   static constexpr int kConsumerWarpgroups = kConsumerThreads / 128;
   static_assert(kConsumerWarpgroups >= 1 && kConsumerWarpgroups <= 3);
-  static constexpr int kProducerRegisters = kConsumerWarpgroups == 3 ? 32 : 56;
-  static constexpr int kConsumerRegisters = kConsumerWarpgroups == 1 ? 256 : kConsumerWarpgroups == 2 ? 224 : 160;
+  // -DFLASHATTN_SM90_OVERLAP_WIDE (an experiment, not yet timed): the softmax
+  // under P V above d128 too, with 240 registers per consumer thread (at 224 the
+  // d256 loop spilled 100 B; at 240 no d160-d256 kernel spills).
+#if defined(FLASHATTN_SM90_OVERLAP_WIDE)
+  static constexpr bool kWideOverlap = kHeadDim > 128 && kConsumerWarpgroups == 2;
+#else
+  static constexpr bool kWideOverlap = false;
+#endif
+  // Registers per thread after `setmaxnreg` (multiples of 8, within what the
+  // CTA got at launch). Two consumer warpgroups: 40 / 232 measured no faster
+  // than 56 / 224 (24 spilled the producer's tile state before it loaded by
+  // TMA; the d160-d256 kernels at 24 do not). Three (192 rows): the CTA gets
+  // 128 per thread, 32 / 160 uses them all.
+  static constexpr int kProducerRegisters = kConsumerWarpgroups == 3 ? 32 : kWideOverlap ? 24 : 56;
+  static constexpr int kConsumerRegisters =
+      kConsumerWarpgroups == 1 ? 256 : kConsumerWarpgroups == 2 ? (kWideOverlap ? 240 : 224) : 160;
   static_assert(register_split_fits(kProducerThreads, kProducerRegisters, kConsumerThreads, kConsumerRegisters));
   // The softmax of key block n - 1 runs while P V of block n multiplies: S and
   // P live at once, which fits the consumers' registers up to d128 with two
-  // consumer warpgroups (the d256 tile spilled 100 B in its loop, three
+  // consumer warpgroups (the d256 tile spilled 100 B in its loop at 224, three
   // warpgroups' 160 registers spilled in the d64 loop). +4.5% forward at d128
   // on an H100. Three warpgroups overlap one's softmax with the others' products.
-  static constexpr bool kOverlapSoftmax = kHeadDim <= 128 && kConsumerWarpgroups < 3;
+  static constexpr bool kOverlapSoftmax = (kHeadDim <= 128 || kWideOverlap) && kConsumerWarpgroups < 3;
   // A consumer warpgroup whose rows all lie past the sequence's end skips the
   // tile's products (kernel/fwd_sm90.h). Three warpgroups only, a tile that is
   // not the default and not yet timed (docs/perf-notes.md): 512 or 1k tokens in
