@@ -4,15 +4,21 @@
 # buckets that tile suits), in parallel, then times each beside SDPA's backends in
 # one run. Writes $OUT_DIR/sweep.txt.
 #   VARIANTS="base:64,128,256 64x128:64,128 ..." bash benchmarks/sweep_sm90_tiles.sh
+# A variant NAME:DIMS:FLAGS adds compile definitions (comma-separated) to any tile
+# (NAME MxN) or to the committed tiles (any other NAME), e.g.
+#   VARIANTS="base:64,256 192x128:64 wide:256:-DFLASHATTN_SM90_OVERLAP_WIDE"
+# Lengths that are not multiples of the tile (SEQLENS=500,1000) exercise the
+# warpgroups that lie past a sequence's end; every cell's output is checked
+# against SDPA's.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT_DIR=${OUT_DIR:-/tmp/sweep}
 mkdir -p "$OUT_DIR"
 VARIANTS=${VARIANTS:-"base:64,128,256 64x128:64,128 128x96:64,128 128x64:128,256 64x64:256"}
 SEQLENS=${SEQLENS:-1k,8k}
-build() {  # name dims
-  local name=$1 dims=$2 dir=/tmp/sweep-$1 flags=""
-  if [ "$name" != base ]; then flags="-DFLASHATTN_SM90_TILE_M=${name%x*} -DFLASHATTN_SM90_TILE_N=${name#*x}"; fi
+build() {  # name dims [flags, comma-separated]
+  local name=$1 dims=$2 dir=/tmp/sweep-$1 flags="${3//,/ }"
+  if [[ $name =~ ^[0-9]+x[0-9]+$ ]]; then flags+=" -DFLASHATTN_SM90_TILE_M=${name%x*} -DFLASHATTN_SM90_TILE_N=${name#*x}"; fi
   rm -rf "$dir"; mkdir -p "$dir/pkg"
   CUDAFLAGS="$flags" cmake -S . -B "$dir/build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHATTN_CUDA_ARCHS=90 \
     -DFLASHATTN_FAMILIES=sm90 -DFLASHATTN_DTYPES=bf16 "-DFLASHATTN_HEAD_DIMS=${dims//,/;}" > "$dir/cmake.log" 2>&1 &&
@@ -21,16 +27,17 @@ build() {  # name dims
     echo "built $name" || { echo "FAILED $name"; tail -20 "$dir/build.log"; }
 }
 start=$(date +%s)
-for v in $VARIANTS; do build "${v%%:*}" "${v#*:}" & done
+for v in $VARIANTS; do IFS=: read -r name dims flags <<< "$v"; build "$name" "$dims" "$flags" & done
 wait
 echo "builds: $(( $(date +%s) - start )) s" | tee "$OUT_DIR/sweep.txt"
 first=1
 for v in $VARIANTS; do
-  name=${v%%:*} dims=${v#*:}
+  IFS=: read -r name dims flags <<< "$v"
   [ -f "/tmp/sweep-$name/pkg/flashattn/_C.so" ] || continue
-  impls=flashattn; [ $first = 1 ] && impls=flashattn,FA2,cuDNN; first=0
-  echo "== tile $name (hdims $dims)" | tee -a "$OUT_DIR/sweep.txt"
+  # FA2 runs beside every variant: its output is the reference each cell is checked against.
+  impls=flashattn,FA2; [ $first = 1 ] && impls=flashattn,FA2,cuDNN; first=0
+  echo "== tile $name (hdims $dims${flags:+, $flags})" | tee -a "$OUT_DIR/sweep.txt"
   PYTHONPATH=/tmp/sweep-$name/pkg python3 benchmarks/bench_attention.py --mode fwd --dtype bf16 --hdim "$dims" \
     --seqlen "$SEQLENS" --family sm90 --impls $impls --out "$OUT_DIR/$name" --no-plot 2>&1 \
-    | grep -E "^fwd|overall|hdim" | tee -a "$OUT_DIR/sweep.txt"
+    | grep -E "^fwd|overall|hdim|WARNING" | tee -a "$OUT_DIR/sweep.txt"
 done
