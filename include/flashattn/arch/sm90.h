@@ -154,9 +154,24 @@ struct Sm90FwdWsTraits : Sm90FwdTraits<Element_, kHeadDim_, kBlockM_, kBlockN_> 
       Layout<Shape<Int<128 / Base::kGmemThreadsPerRow>, Int<Base::kGmemThreadsPerRow>>,
              Stride<Int<Base::kGmemThreadsPerRow>, _1>>{},
       Layout<Shape<_1, _8>>{}));
+  // Q stages: one, loaded after the tile's first K once the last tile's S (or,
+  // staged in Q's place, its output) is done with it. -DFLASHATTN_SM90_Q_STAGES=2
+  // (an experiment, not yet timed) loads the next tile's Q while this one runs,
+  // where a second Q tile fits beside the K and V stages and the output's own
+  // tile (d <= 128).
+#if defined(FLASHATTN_SM90_Q_STAGES)
+  static constexpr int kQStagesWanted = FLASHATTN_SM90_Q_STAGES;
+#else
+  static constexpr int kQStagesWanted = 1;
+#endif
+  static constexpr int kQStages =
+      ((kQStagesWanted + 1) * kBlockM + 2 * kStages * kBlockN) * kHeadDim * int(sizeof(Element)) + 2048 <=
+              Base::kMaxSmemBytes
+          ? kQStagesWanted
+          : 1;
   // Stages filled by TMA: the full barrier counts the bytes that landed.
   using Pipeline = cutlass::PipelineTmaAsync<kStages>;
-  using PipelineQ = cutlass::PipelineTmaAsync<1>;
+  using PipelineQ = cutlass::PipelineTmaAsync<kQStages>;
 
   // Q, K and V are read through TMA descriptors (TmaRows).
   using TmaQ = TmaRows<Element, kHeadDim, kBlockM, typename Base::SmemLayoutQ>;

@@ -32,19 +32,20 @@ namespace flashattn {
 
 using namespace cute;
 
-// Q, kStages K and V tiles, the output tile where it fits beside them (else
-// the output is staged in Q's place), and the pipelines' barriers. 1024-byte
+// kQStages Q tiles, kStages K and V tiles, the output tile where it fits
+// beside them (else the output is staged in the tile's Q stage), and the
+// pipelines' barriers. 1024-byte
 // alignment: the period of the 128-byte swizzle, which the MMA descriptors
 // assume for every tile's base.
 template <typename Traits>
 struct FwdWsTiles {
   using Element = typename Traits::Element;
-  cute::array_aligned<Element, cosize_v<typename Traits::SmemLayoutQ>, 1024> q;
+  cute::array_aligned<Element, cosize_v<typename Traits::SmemLayoutQ>, 1024> q[Traits::kQStages];
   cute::array_aligned<Element, cosize_v<typename Traits::SmemLayoutKV>, 1024> k[Traits::kStages];
   cute::array_aligned<Element, cosize_v<typename Traits::SmemLayoutKV>, 1024> v[Traits::kStages];
   typename Traits::Pipeline::SharedStorage pipeline_k, pipeline_v;
   typename Traits::PipelineQ::SharedStorage pipeline_q;
-  int tile_index;  // the tile of the Q stage, from the producer; -1: no more tiles
+  int tile_index[Traits::kQStages];  // the tile of each Q stage, from the producer; -1: no more tiles
 };
 template <typename Traits>
 struct FwdWsTilesWithO : FwdWsTiles<Traits> {
@@ -98,7 +99,11 @@ __global__ void __launch_bounds__(Traits::kCtaThreads, 1)
   PipelineQ pipeline_q(storage.pipeline_q, tma_pipeline_params<PipelineQ, Traits>(producer, 0), Shape<_1, _1, _1>{});
   __syncthreads();  // barriers initialised before anyone waits on them
 
-  Tensor sQ = make_tensor(make_smem_ptr(storage.q.data()), typename Traits::SmemLayoutQ{});
+  auto sQ_of = [&](int stage) {
+    return make_tensor(make_smem_ptr(storage.q[stage].data()), typename Traits::SmemLayoutQ{});
+  };
+  // The Q stage of a pipeline state (0 where there is one stage).
+  auto q_stage = [](const auto& state) { return Traits::kQStages == 1 ? 0 : int(state.index()); };
 
   if (producer) {
     // ---- producer: per tile Q, then K[n] and V[n] into stage (n_end - 1 - n) % kStages, last block first.
@@ -116,7 +121,7 @@ __global__ void __launch_bounds__(Traits::kCtaThreads, 1)
       if (leader) {
         while (pipeline_q.producer_try_acquire(state_q) != cutlass::BarrierStatus::WaitDone) {
         }
-        storage.tile_index = index;
+        storage.tile_index[q_stage(state_q)] = index;
         if (with_q) pipeline_q.producer_expect_transaction(state_q, Traits::kQBytes);
         pipeline_q.producer_acquire(state_q, {cutlass::BarrierStatus::WaitDone});  // arrives
       }
@@ -155,6 +160,17 @@ __global__ void __launch_bounds__(Traits::kCtaThreads, 1)
       auto tma_v = loads.v.get_slice(0);
       Tensor tKgK = tma_k.partition_S(gK);  // (TMA, TMA_N, TMA_D, blocks)
       Tensor tVgV = tma_v.partition_S(gV);
+      auto load_q = [&] {
+        publish_q_stage(index, true);
+        if (leader) {
+          copy(loads.q.with(*pipeline_q.producer_get_barrier(state_q)), tma_q.partition_S(gQ),
+               tma_q.partition_D(sQ_of(q_stage(state_q))));
+        }
+        ++state_q;
+      };
+      // With several Q stages, the next tile's Q loads while this one runs:
+      // first, it is the tile's longest wait (a Q tile is read once, from memory).
+      if constexpr (Traits::kQStages > 1) load_q();
 
       for (int n_block = n_end - 1; n_block >= n_begin; --n_block) {
         Tensor sK = make_tensor(make_smem_ptr(storage.k[state.index()].data()), typename Traits::SmemLayoutKV{});
@@ -163,16 +179,10 @@ __global__ void __launch_bounds__(Traits::kCtaThreads, 1)
           pipeline_k.producer_acquire(state);
           copy(loads.k.with(*pipeline_k.producer_get_barrier(state)), tKgK(_, _, _, n_block), tma_k.partition_D(sK));
         }
-        // Q after the tile's first K: where the output is staged in Q's place,
-        // Q frees only once the last tile's output left, and K need not wait.
-        if (n_block == n_end - 1) {
-          publish_q_stage(index, true);
-          if (leader) {
-            copy(loads.q.with(*pipeline_q.producer_get_barrier(state_q)), tma_q.partition_S(gQ),
-                 tma_q.partition_D(sQ));
-          }
-          ++state_q;
-        }
+        // One Q stage: Q after the tile's first K. Where the output is staged
+        // in Q's place, Q frees only once the last tile's output left, and K
+        // need not wait.
+        if (Traits::kQStages == 1 && n_block == n_end - 1) load_q();
         if (leader) {
           pipeline_v.producer_acquire(state);
           copy(loads.v.with(*pipeline_v.producer_get_barrier(state)), tVgV(_, _, _, n_block), tma_v.partition_D(sV));
@@ -201,15 +211,11 @@ __global__ void __launch_bounds__(Traits::kCtaThreads, 1)
   // ---- consumers: warpgroup w computes query rows [64 w, 64 w + 64) of each tile.
   cutlass::arch::warpgroup_reg_alloc<Traits::kConsumerRegisters>();
   const int tidx = threadIdx.x - Traits::kProducerThreads;
-  Tensor sO = [&] {
-    if constexpr (kOwnOutputTile) return make_tensor(make_smem_ptr(storage.o.data()), typename Traits::SmemLayoutO{});
-    else return make_tensor(sQ.data(), typename Traits::SmemLayoutO{});
-  }();
   typename Traits::TiledMma tiled_mma;
   auto thr_mma = tiled_mma.get_thread_slice(tidx);
   typename Traits::TiledMmaPV tiled_mma_pv;
   auto thr_mma_pv = tiled_mma_pv.get_thread_slice(tidx);
-  Tensor tSrQ = thr_mma.partition_fragment_A(sQ);
+  Tensor tSrQ = thr_mma.partition_fragment_A(sQ_of(0));
   Tensor cS = make_identity_tensor(Shape<Int<kBlockM>, Int<kBlockN>>{});
   Tensor tScS = thr_mma.partition_C(cS);
   Tensor tScS0 = tiled_mma.get_thread_slice(0).partition_C(cS);
@@ -222,7 +228,8 @@ __global__ void __launch_bounds__(Traits::kCtaThreads, 1)
   typename PipelineQ::PipelineState state_q;
   for (;;) {
     pipeline_q.consumer_wait(state_q);
-    const int index = storage.tile_index;
+    const int q_index = q_stage(state_q);  // the Q stage of this tile
+    const int index = storage.tile_index[q_index];
     if (index < 0) break;
     const QueryTileScheduler<kBlockM> tile(params, index);
     const SeqlenInfo seq(params, tile.batch);
@@ -308,7 +315,12 @@ __global__ void __launch_bounds__(Traits::kCtaThreads, 1)
       auto issue_s = [&](const StageState& stage) {
         pipeline_k.consumer_wait(stage);
         Tensor sK = make_tensor(make_smem_ptr(storage.k[stage.index()].data()), typename Traits::SmemLayoutKV{});
-        wgmma_issue<true>(tiled_mma, tSrQ, thr_mma.partition_fragment_B(sK), acc_s);
+        if constexpr (Traits::kQStages == 1) {
+          wgmma_issue<true>(tiled_mma, tSrQ, thr_mma.partition_fragment_B(sK), acc_s);
+        } else {
+          Tensor tSrQs = thr_mma.partition_fragment_A(sQ_of(q_index));
+          wgmma_issue<true>(tiled_mma, tSrQs, thr_mma.partition_fragment_B(sK), acc_s);
+        }
       };
       // acc_s of key block n_block: score modifiers and mask, then probabilities
       // (the output's correction for them in `correction`).
@@ -416,6 +428,7 @@ __global__ void __launch_bounds__(Traits::kCtaThreads, 1)
     // consumer must be done with Q (and the last output) first.
     if constexpr (kOwnOutputTile) {
       const int wg = tidx / 128;
+      Tensor sO = make_tensor(make_smem_ptr(storage.o.data()), typename Traits::SmemLayoutO{});
       Tensor sOw = local_tile(sO, Shape<_64, Int<kHeadDim>>{}, make_coord(wg, 0));
       Tensor gOw = local_tile(mO, Shape<_64, Int<kHeadDim>>{}, make_coord(tile.m_block * (kBlockM / 64) + wg, 0));
       warpgroup_sync(wg);  // its last tile's stores have read sOw
@@ -424,6 +437,7 @@ __global__ void __launch_bounds__(Traits::kCtaThreads, 1)
       store_from_smem<typename Traits::GmemTiledCopyOWarpgroup>(sOw, gOw, rows_left_q - 64 * wg, params.head_dim,
                                                                  tidx % 128);
     } else {
+      Tensor sO = make_tensor(sQ_of(q_index).data(), typename Traits::SmemLayoutO{});
       consumers_sync<Traits>();
       store_through_smem<typename Traits::GmemTiledCopyO, typename Traits::SmemCopyAtomO>(
           acc_o, tiled_mma_pv, sO, gO, rows_left_q, params.head_dim, tidx, NoRowOffset{},
