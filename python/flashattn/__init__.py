@@ -7,6 +7,7 @@ pure-PyTorch ``reference``.
 
 from . import (
     _ops,  # noqa: F401 - defines and registers torch.ops.flashattn.*
+    bert_padding,
     reference,
 )
 from ._checks import FlashAttnError
@@ -26,6 +27,7 @@ __version__ = "0.1.0"
 __all__ = [
     "FlashAttnError",
     "__version__",
+    "bert_padding",
     "build_info",
     "flash_attn_func",
     "flash_attn_kvpacked_func",
