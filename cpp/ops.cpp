@@ -656,8 +656,9 @@ std::optional<Tensor> plan_splits(FwdParams& p, const FwdKernelEntry& kernel, in
 // Under causal and right-window masks the tiles of a forward weigh differently:
 // a family with `tile_counter` then runs a persistent grid whose CTAs take the
 // next tile (heaviest first) from a counter, zeroed here. Only where its tiles
-// can outnumber the SMs (counted at 128 query rows, the smallest such tile:
-// launch/fwd_sm90.h): else one CTA per tile, and no memset. Returns the counter's memory (undefined when none).
+// can outnumber the SMs, counted at 128 query rows (launch/fwd_sm90.h; a larger
+// tile gets a counter it may not need, whose CTAs stop at their first take):
+// else one CTA per tile, and no memset. Returns the counter's memory (undefined when none).
 std::optional<Tensor> zeroed_tile_counter(FwdParams& p, int family, const Tensor& q, cudaStream_t stream) {
   constexpr int64_t kTileRows = 128;
   const bool masked = p.window_right >= 0 && p.cu_seqlens_q == nullptr && !p.kv_cache;

@@ -79,6 +79,8 @@ __global__ void __launch_bounds__(Traits::kCtaThreads, 1)
   using PipelineQ = typename Traits::PipelineQ;
   using SharedStorage = FwdWsSharedStorage<Traits>;
   constexpr bool kOwnOutputTile = std::is_same_v<SharedStorage, FwdWsTilesWithO<Traits>>;
+  // Sm90FwdWsTraits::kQStages reserves the output's own tile beside a second Q stage.
+  static_assert(Traits::kQStages == 1 || kOwnOutputTile);
   constexpr int kBlockM = Traits::kBlockM;
   constexpr int kBlockN = Traits::kBlockN;
   constexpr int kHeadDim = Traits::kHeadDim;
