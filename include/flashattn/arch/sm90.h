@@ -169,6 +169,18 @@ struct Sm90FwdWsTraits : Sm90FwdTraits<Element_, kHeadDim_, kBlockM_, kBlockN_> 
               Base::kMaxSmemBytes
           ? kQStagesWanted
           : 1;
+  // -DFLASHATTN_SM90_DROPOUT_MASK_WARPS (an experiment, not yet timed): with
+  // dropout, warps 1-3 of the producer warpgroup write each key block's keep
+  // bytes (kernel/dropout.h, KeepBytesTile) into kMaskStages shared-memory stages,
+  // and the consumers apply them instead of running Philox themselves. 128 x 128
+  // tiles (d <= 128), where two 16 KB stages fit beside the output's own tile.
+#if defined(FLASHATTN_SM90_DROPOUT_MASK_WARPS)
+  static constexpr bool kMaskWarps = kHeadDim <= 128 && kBlockM == 128 && kBlockN == 128 && kQStages == 1;
+#else
+  static constexpr bool kMaskWarps = false;
+#endif
+  static constexpr int kMaskStages = 2;
+  static constexpr int kMaskThreads = kProducerThreads - 32;  // warps 1-3: warp 0 issues the loads
   // Stages filled by TMA: the full barrier counts the bytes that landed.
   using Pipeline = cutlass::PipelineTmaAsync<kStages>;
   using PipelineQ = cutlass::PipelineTmaAsync<kQStages>;

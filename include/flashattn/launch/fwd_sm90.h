@@ -46,7 +46,7 @@ FwdWsLoads<Traits> make_fwd_ws_loads(const FwdParams& p) {
 
 template <typename Traits, bool kScoreMods, bool kDropout>
 void launch_fwd_ws_variant(const FwdParams& params, cudaStream_t stream) {
-  constexpr int kSmem = int(sizeof(FwdWsSharedStorage<Traits>));
+  constexpr int kSmem = int(sizeof(FwdWsStorage<Traits, kDropout>));
   static_assert(kSmem <= Traits::kMaxSmemBytes, "the tile needs more shared memory than Hopper gives a CTA");
   opt_in_smem<fwd_ws_kernel<Traits, kScoreMods, kDropout>>(kSmem, params.device);
   fwd_ws_kernel<Traits, kScoreMods, kDropout>
@@ -71,7 +71,7 @@ struct Sm90Fwd {
   using WsDropoutTile = Sm90FwdWsDropoutTile<kHeadDim>;
   using WsDropoutTraits = Sm90FwdWsTraits<Element, kHeadDim, WsDropoutTile::kM, WsDropoutTile::kN>;
   // The kernel table's shared memory: the largest of the forward kernels'.
-  using SharedStorage = LargestType<FwdWsSharedStorage<WsTraits>, FwdWsSharedStorage<WsDropoutTraits>,
+  using SharedStorage = LargestType<FwdWsSharedStorage<WsTraits>, FwdWsStorage<WsDropoutTraits, true>,
                                     FwdSharedStorage<KvTraits>>;
 
   // The forward (but the KV cache's) runs the warp-specialised kernel.
