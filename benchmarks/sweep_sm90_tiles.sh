@@ -9,7 +9,8 @@
 #   VARIANTS="base:64,256 192x128:64 wide:256:-DFLASHATTN_SM90_OVERLAP_WIDE"
 # Lengths that are not multiples of the tile (SEQLENS=500,1000) exercise the
 # warpgroups that lie past a sequence's end; every cell's output is checked
-# against SDPA's.
+# against SDPA's. DROPOUT=0.1 times every variant with dropout (outputs are then
+# not compared: the masks differ; run the dropout GPU tests on the variant).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT_DIR=${OUT_DIR:-/tmp/sweep}
@@ -38,6 +39,6 @@ for v in $VARIANTS; do
   impls=flashattn,FA2; [ $first = 1 ] && impls=flashattn,FA2,cuDNN; first=0
   echo "== tile $name (hdims $dims${flags:+, $flags})" | tee -a "$OUT_DIR/sweep.txt"
   PYTHONPATH=/tmp/sweep-$name/pkg python3 benchmarks/bench_attention.py --mode fwd --dtype bf16 --hdim "$dims" \
-    --seqlen "$SEQLENS" --family sm90 --impls $impls --out "$OUT_DIR/$name" --no-plot 2>&1 \
+    --seqlen "$SEQLENS" --family sm90 --impls $impls --out "$OUT_DIR/$name" --no-plot ${DROPOUT:+--dropout $DROPOUT} 2>&1 \
     | grep -E "^fwd|overall|hdim|WARNING" | tee -a "$OUT_DIR/sweep.txt"
 done
