@@ -19,18 +19,20 @@
 #   scripts/check_family.sh sm70     # needs a CUDA 12.x nvcc: $NVCC, or fetched by
 #                                    # scripts/cuda12_toolchain.sh (CUDA 13 has no sm_70)
 # Head dims: FLASHATTN_HEAD_DIMS (default all eight buckets); passes: FLASHATTN_PASSES
-# (default "fwd bwd"). Jobs: $JOBS (default nproc).
+# (default "fwd bwd"). Jobs: $JOBS (default nproc). Extra compile definitions (an
+# experiment's switches, docs/developing.md): FLASHATTN_DEFINES, e.g.
+#   FLASHATTN_DEFINES="-DFLASHATTN_SM90_OVERLAP_WIDE" FLASHATTN_PASSES=fwd scripts/check_family.sh sm90
 set -euo pipefail
 cd "$(dirname "$0")/.."
 family=${1:?usage: scripts/check_family.sh sm70|sm75|sm80|sm90}
 passes=${FLASHATTN_PASSES:-fwd bwd}
-defines=""
+defines="${FLASHATTN_DEFINES:-}"
 case $family in
   sm70) arch=70 smem_kb=96 hmma=HMMA.884 ;;
   sm75) arch=75 smem_kb=64 hmma=HMMA.1688 ;;
   sm80) arch=86 smem_kb=99 hmma=HMMA.16816 ;;  # the tiles of 99 KB GPUs (A10, L4, RTX 30xx/40xx)
   # As CMakeLists.txt builds it: sm_90a, the extended wgmma shapes, release asserts off.
-  sm90) arch=90a smem_kb=227 hmma=HGMMA defines="-DCUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED -DNDEBUG" ;;
+  sm90) arch=90a smem_kb=227 hmma=HGMMA defines+=" -DCUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED -DNDEBUG" ;;
   *) echo "unknown family '$family' (sm70, sm75, sm80 or sm90)" >&2; exit 2 ;;
 esac
 if [ -z "${NVCC:-}" ]; then
