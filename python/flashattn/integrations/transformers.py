@@ -30,7 +30,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..bert_padding import _cu_seqlens, index_first_axis, pad_input
+from ..bert_padding import _cu_seqlens
 from ..interface import flash_attn_func, flash_attn_varlen_func
 
 __all__ = ["NAME", "attention_forward", "register"]
@@ -55,7 +55,7 @@ def _target_dtype(query: torch.Tensor, module: torch.nn.Module) -> torch.dtype |
 
 def _unpad(t: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
     """(b, s, h, d) -> (tokens, h, d): the rows at ``indices`` of the flattened batch."""
-    return index_first_axis(t.reshape(-1, *t.shape[2:]), indices)
+    return t.reshape(-1, *t.shape[2:])[indices]
 
 
 def _varlen_from_mask(q, k, v, mask):
@@ -136,7 +136,8 @@ def attention_forward(
     if attention_mask is not None and attention_mask.dim() == 2:
         args, indices_q = _varlen_from_mask(q, k, v, attention_mask.bool())
         out_unpadded = flash_attn_varlen_func(*args, **options)
-        out = pad_input(out_unpadded, indices_q, b, s_q)
+        out = out_unpadded.new_zeros(b * s_q, *out_unpadded.shape[1:])
+        out = out.index_put((indices_q,), out_unpadded).view(b, s_q, *out_unpadded.shape[1:])
     elif attention_mask is not None:
         raise ValueError(
             f"flashattn takes a 2-D padding mask or None, got a mask of shape {tuple(attention_mask.shape)};"
