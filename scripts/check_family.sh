@@ -21,7 +21,7 @@
 # Head dims: FLASHATTN_HEAD_DIMS (default all eight buckets); passes: FLASHATTN_PASSES
 # (default "fwd bwd"). Jobs: $JOBS (default nproc). Extra compile definitions (an
 # experiment's switches, docs/developing.md): FLASHATTN_DEFINES, e.g.
-#   FLASHATTN_DEFINES="-DFLASHATTN_SM90_OVERLAP_WIDE" FLASHATTN_PASSES=fwd scripts/check_family.sh sm90
+#   FLASHATTN_DEFINES="-DFLASHATTN_SM90_Q_STAGES=1" FLASHATTN_PASSES=fwd scripts/check_family.sh sm90
 set -euo pipefail
 cd "$(dirname "$0")/.."
 family=${1:?usage: scripts/check_family.sh sm70|sm75|sm80|sm90}

@@ -114,14 +114,10 @@ struct Sm90FwdWsTraits : Sm90FwdTraits<Element_, kHeadDim_, kBlockM_, kBlockN_> 
   static constexpr int kCtaThreads = kProducerThreads + kConsumerThreads;
   static constexpr int kConsumerWarpgroups = kConsumerThreads / 128;
   static_assert(kConsumerWarpgroups >= 1 && kConsumerWarpgroups <= 3);
-  // -DFLASHATTN_SM90_OVERLAP_WIDE (an experiment, not yet timed): the softmax
-  // under P V above d128 too, with 240 registers per consumer thread (at 224 the
-  // d256 loop spilled 100 B; at 240 no d160-d256 kernel spills).
-#if defined(FLASHATTN_SM90_OVERLAP_WIDE)
+  // The softmax under P V above d128 too needs 240 registers per consumer thread
+  // (at 224 the d256 loop spilled 100 B; at 240 no d160-d256 kernel spills, the
+  // producer's 24 included). +3-4% forward at d256, 1k-2k tokens (H100).
   static constexpr bool kWideOverlap = kHeadDim > 128 && kConsumerWarpgroups == 2;
-#else
-  static constexpr bool kWideOverlap = false;
-#endif
   // Registers per thread after `setmaxnreg` (multiples of 8, within what the
   // CTA got at launch). Two consumer warpgroups: 40 / 232 measured no faster
   // than 56 / 224 (24 spilled the producer's tile state before it loaded by
@@ -138,49 +134,32 @@ struct Sm90FwdWsTraits : Sm90FwdTraits<Element_, kHeadDim_, kBlockM_, kBlockN_> 
   // on an H100. Three warpgroups overlap one's softmax with the others' products.
   static constexpr bool kOverlapSoftmax = (kHeadDim <= 128 || kWideOverlap) && kConsumerWarpgroups < 3;
   // A consumer warpgroup whose rows all lie past the sequence's end skips the
-  // tile's products (kernel/fwd_sm90.h). Three warpgroups only, a tile that is
-  // not the default and not yet timed (docs/perf-notes.md): 512 or 1k tokens in
-  // 192-row tiles leave one or two such warpgroups per sequence.
-  // -DFLASHATTN_SM90_SKIP_ROWLESS turns it on for every tile, to time it on
-  // varlen batches of short sequences.
-#if defined(FLASHATTN_SM90_SKIP_ROWLESS)
-  static constexpr bool kSkipRowlessWarpgroups = true;
-#else
+  // tile's products (kernel/fwd_sm90.h). Three warpgroups only: 512 or 1k tokens
+  // in 192-row tiles leave one or two such warpgroups per sequence. On at every
+  // tile it cost 3-8% on dense shapes and won 4% on varlen batches of short
+  // sequences (H100, docs/perf-notes.md).
   static constexpr bool kSkipRowlessWarpgroups = kConsumerWarpgroups == 3;
-#endif
   // Shared -> global for one warpgroup's 64 rows of O (its 128 threads).
   using GmemTiledCopyOWarpgroup = decltype(make_tiled_copy(
       Copy_Atom<UniversalCopy<uint128_t>, Element>{},
       Layout<Shape<Int<128 / Base::kGmemThreadsPerRow>, Int<Base::kGmemThreadsPerRow>>,
              Stride<Int<Base::kGmemThreadsPerRow>, _1>>{},
       Layout<Shape<_1, _8>>{}));
-  // Q stages: one, loaded after the tile's first K once the last tile's S (or,
-  // staged in Q's place, its output) is done with it. -DFLASHATTN_SM90_Q_STAGES=2
-  // (an experiment, not yet timed) loads the next tile's Q while this one runs,
-  // where a second Q tile fits beside the K and V stages and the output's own
-  // tile (d <= 128).
+  // Q stages: two where a second Q tile fits beside the K and V stages and the
+  // output's own tile (d <= 128): the next tile's Q loads while this one runs
+  // (+1-3% at 512-2k tokens, H100). Else one, loaded after the tile's first K
+  // once the last tile's S (or, staged in Q's place, its output) is done with it.
+  // -DFLASHATTN_SM90_Q_STAGES=1 builds one everywhere, to compare.
 #if defined(FLASHATTN_SM90_Q_STAGES)
   static constexpr int kQStagesWanted = FLASHATTN_SM90_Q_STAGES;
 #else
-  static constexpr int kQStagesWanted = 1;
+  static constexpr int kQStagesWanted = 2;
 #endif
   static constexpr int kQStages =
       ((kQStagesWanted + 1) * kBlockM + 2 * kStages * kBlockN) * kHeadDim * int(sizeof(Element)) + 2048 <=
               Base::kMaxSmemBytes
           ? kQStagesWanted
           : 1;
-  // -DFLASHATTN_SM90_DROPOUT_MASK_WARPS (an experiment, not yet timed): with
-  // dropout, warps 1-3 of the producer warpgroup write each key block's keep
-  // bytes (kernel/dropout.h, KeepBytesTile) into kMaskStages shared-memory stages,
-  // and the consumers apply them instead of running Philox themselves. 128 x 128
-  // tiles (d <= 128), where two 16 KB stages fit beside the output's own tile.
-#if defined(FLASHATTN_SM90_DROPOUT_MASK_WARPS)
-  static constexpr bool kMaskWarps = kHeadDim <= 128 && kBlockM == 128 && kBlockN == 128 && kQStages == 1;
-#else
-  static constexpr bool kMaskWarps = false;
-#endif
-  static constexpr int kMaskStages = 2;
-  static constexpr int kMaskThreads = kProducerThreads - 32;  // warps 1-3: warp 0 issues the loads
   // Stages filled by TMA: the full barrier counts the bytes that landed.
   using Pipeline = cutlass::PipelineTmaAsync<kStages>;
   using PipelineQ = cutlass::PipelineTmaAsync<kQStages>;

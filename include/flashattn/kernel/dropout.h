@@ -171,33 +171,6 @@ struct Dropout {
     }
   }
 
-  // For mask warps that write keep bytes to shared memory (the sm90 forward's
-  // experiment, kernel/fwd_sm90.h), in the 4-lane unit layout: the 16 bytes of
-  // unit (group, row_pair) as 0xFF (kept) or 0x00, word q holding bytes 4q ..
-  // 4q + 3, the four elements lane q of the unit holds (rows i and i + s, columns
-  // 2q and 2q + 1 of the group). `pairs`: threshold_pairs().
-  __device__ __forceinline__ void threshold_pairs(uint32_t (&pairs)[8]) const {
-    CUTE_UNROLL
-    for (int i = 0; i < 8; ++i) {
-      const uint32_t k = 2u * uint32_t(i);
-      pairs[i] = (threshold + (k < dither)) | ((threshold + (k + 1 < dither)) << 16);
-    }
-  }
-  __device__ __forceinline__ uint4 unit_keep_bytes(uint32_t group, uint32_t row_pair,
-                                                   const uint32_t (&pairs)[8]) const {
-    static_assert(kLanes == 4, "the byte layout of a unit shared by four lanes");
-    const uint4 x = philox4x32_7(make_uint4(group, row_pair, uint32_t(counter_base), uint32_t(counter_base >> 32)));
-    const uint32_t w[4] = {x.x, x.y, x.z, x.w};
-    uint32_t out[4];
-    CUTE_UNROLL
-    for (int q = 0; q < 4; ++q) {
-      // 16-bit masks of bytes 4q, 4q + 1 and of 4q + 2, 4q + 3, then their low bytes.
-      out[q] = __byte_perm(keep_halves<0x4140>(w[q], pairs[2 * q]), keep_halves<0x4342>(w[q], pairs[2 * q + 1]),
-                           0x6420);
-    }
-    return make_uint4(out[0], out[1], out[2], out[3]);
-  }
-
   // The forward's dropout: zeroes the dropped entries of P (its 16-bit values in
   // the accumulator layout, as a (rows, cols) view) in place. The softmax's row
   // sums keep them: dropped probabilities leave P . V only; the output is scaled
@@ -208,23 +181,6 @@ struct Dropout {
     for_each_mask(coords, coords0, m0, n0,
                   [&](int r, int c, uint32_t keep) { reinterpret_cast<uint32_t&>(p_rc(r, c)) &= keep; });
   }
-};
-
-// The keep bytes of one kBlockM x kBlockN key block in shared memory (the sm90
-// forward's mask warps write them, its consumers read them): the 16 bytes of unit
-// (row pair rp, column group g) (rows 16 (rp / 8) + rp % 8 and that + 8 of the
-// block, columns 8g .. 8g + 7) start at word unit_word(rp, g). The group is
-// swizzled by rp % 8, so that a warp's 8 row pairs read one group's words from 8
-// different bank quads.
-template <int kBlockM, int kBlockN>
-struct KeepBytesTile {
-  static constexpr int kGroups = kBlockN / 8;
-  static_assert(kBlockM % 16 == 0 && kGroups % 8 == 0 && (kGroups & (kGroups - 1)) == 0);
-  static constexpr int kUnits = kBlockM / 2 * kGroups;
-  static constexpr int kWords = kUnits * 4;
-  __device__ __forceinline__ static int unit_word(int rp, int g) { return (rp * kGroups + (g ^ (rp % 8))) * 4; }
-  // The row pair of a block's row i (the lower row of its pair).
-  __device__ __forceinline__ static int row_pair(int i) { return i / 16 * 8 + i % 8; }
 };
 
 }  // namespace flashattn

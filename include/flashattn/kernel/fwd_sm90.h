@@ -61,23 +61,12 @@ struct FwdWsLoads {
 template <typename Traits>
 using FwdWsSharedStorage = std::conditional_t<sizeof(FwdWsTilesWithO<Traits>) <= Traits::kMaxSmemBytes,
                                               FwdWsTilesWithO<Traits>, FwdWsTiles<Traits>>;
-// With dropout and mask warps (Sm90FwdWsTraits::kMaskWarps): the keep-byte stages too.
-template <typename Traits>
-using PipelineKeep = cutlass::PipelineAsync<Traits::kMaskStages>;
-template <typename Traits>
-struct FwdWsTilesWithKeep : FwdWsTilesWithO<Traits> {
-  cute::array_aligned<uint32_t, KeepBytesTile<Traits::kBlockM, Traits::kBlockN>::kWords, 128> keep[Traits::kMaskStages];
-  typename PipelineKeep<Traits>::SharedStorage pipeline_keep;
-};
-template <typename Traits, bool kDropout>
-using FwdWsStorage =
-    std::conditional_t<kDropout && Traits::kMaskWarps, FwdWsTilesWithKeep<Traits>, FwdWsSharedStorage<Traits>>;
 
 // CTA c computes tiles c, c + gridDim.x, ...: one where the grid has a CTA per
 // tile, several in a persistent grid (QueryTileScheduler::num_persistent_ctas).
 // The producer runs ahead across tiles: the next tile's Q, K and V load while
 // the consumers finish the last one's products and store its output. Q has a
-// one-stage pipeline of its own; the consumers release it after their last
+// pipeline of its own (kQStages stages); the consumers release it after their last
 // S = QK^T of the tile, or, where the output is staged in Q's place, after the
 // output left shared memory.
 //
@@ -88,15 +77,13 @@ __global__ void __launch_bounds__(Traits::kCtaThreads, 1)
   using Element = typename Traits::Element;
   using Pipeline = typename Traits::Pipeline;
   using PipelineQ = typename Traits::PipelineQ;
-  using SharedStorage = FwdWsStorage<Traits, kDropout>;
-  constexpr bool kOwnOutputTile = std::is_base_of_v<FwdWsTilesWithO<Traits>, SharedStorage>;
-  constexpr bool kMaskWarps = kDropout && Traits::kMaskWarps;
+  using SharedStorage = FwdWsSharedStorage<Traits>;
+  constexpr bool kOwnOutputTile = std::is_same_v<SharedStorage, FwdWsTilesWithO<Traits>>;
   // Sm90FwdWsTraits::kQStages reserves the output's own tile beside a second Q stage.
   static_assert(Traits::kQStages == 1 || kOwnOutputTile);
   constexpr int kBlockM = Traits::kBlockM;
   constexpr int kBlockN = Traits::kBlockN;
   constexpr int kHeadDim = Traits::kHeadDim;
-  using KeepTile = KeepBytesTile<kBlockM, kBlockN>;
 
   extern __shared__ __align__(1024) char ws_smem[];
   auto& storage = *reinterpret_cast<SharedStorage*>(ws_smem);
@@ -111,23 +98,7 @@ __global__ void __launch_bounds__(Traits::kCtaThreads, 1)
   Pipeline pipeline_v(storage.pipeline_v, tma_pipeline_params<Pipeline, Traits>(producer, Traits::kKVBytes), Shape<_1, _1, _1>{});
   // Q's stage also carries the tile's index (and tiles without Q): the
   // producer announces Q's bytes itself where it loads Q.
-  auto q_params = tma_pipeline_params<PipelineQ, Traits>(producer, 0, kMaskWarps ? Traits::kMaskThreads / 32 : 0);
-  if (kMaskWarps && producer && threadIdx.x >= 32) q_params.role = PipelineQ::ThreadCategory::Consumer;  // mask warps
-  PipelineQ pipeline_q(storage.pipeline_q, q_params, Shape<_1, _1, _1>{});
-  // The keep-byte stages: filled by every mask-warp thread, released by each consumer warp.
-  auto pipeline_keep = [&] {
-    if constexpr (kMaskWarps) {
-      typename PipelineKeep<Traits>::Params p;
-      p.role = !producer ? PipelineKeep<Traits>::ThreadCategory::Consumer
-                         : threadIdx.x >= 32 ? PipelineKeep<Traits>::ThreadCategory::Producer
-                                             : PipelineKeep<Traits>::ThreadCategory::NonParticipant;
-      p.producer_arv_count = Traits::kMaskThreads;
-      p.consumer_arv_count = Traits::kConsumerThreads / 32;
-      return PipelineKeep<Traits>(storage.pipeline_keep, p);
-    } else {
-      return 0;
-    }
-  }();
+  PipelineQ pipeline_q(storage.pipeline_q, tma_pipeline_params<PipelineQ, Traits>(producer, 0), Shape<_1, _1, _1>{});
   __syncthreads();  // barriers initialised before anyone waits on them
 
   auto sQ_of = [&](int stage) {
@@ -139,44 +110,6 @@ __global__ void __launch_bounds__(Traits::kCtaThreads, 1)
   if (producer) {
     // ---- producer: per tile Q, then K[n] and V[n] into stage (n_end - 1 - n) % kStages, last block first.
     cutlass::arch::warpgroup_reg_dealloc<Traits::kProducerRegisters>();
-    if constexpr (kMaskWarps) {
-      if (threadIdx.x >= 32) {
-        // ---- mask warps: each tile (read from its Q stage, which they release
-        // too) and key block in the consumers' order, its keep bytes.
-        const int mask_tid = threadIdx.x - 32;
-        typename PipelineQ::PipelineState tile_state;
-        auto keep_state = cutlass::make_producer_start_state<PipelineKeep<Traits>>();
-        for (;;) {
-          pipeline_q.consumer_wait(tile_state);
-          const int index = storage.tile_index[q_stage(tile_state)];
-          __syncwarp();
-          if (lane == 0) pipeline_q.consumer_release(tile_state);
-          ++tile_state;
-          if (index < 0) break;
-          const QueryTileScheduler<kBlockM> tile(params, index);  // warp-collective (varlen)
-          const SeqlenInfo seq(params, tile.batch);
-          const int m0 = tile.m_block * kBlockM;
-          int n_begin, n_end;
-          AttentionMask(params, seq).key_block_range(m0, kBlockM, kBlockN, n_begin, n_end);
-          const Dropout<Traits> dropout(params, tile.batch, tile.head);
-          uint32_t pairs[8];
-          dropout.threshold_pairs(pairs);
-          for (int n_block = n_end - 1; n_block >= n_begin; --n_block) {
-            pipeline_keep.producer_acquire(keep_state);
-            uint32_t* keep = storage.keep[keep_state.index()].data();
-#pragma unroll 1
-            for (int u = mask_tid; u < KeepTile::kUnits; u += Traits::kMaskThreads) {
-              const int rp = u / KeepTile::kGroups, g = u % KeepTile::kGroups;
-              *reinterpret_cast<uint4*>(keep + KeepTile::unit_word(rp, g)) = dropout.unit_keep_bytes(
-                  uint32_t(n_block * (kBlockN / 8) + g), uint32_t(m0 / 2 + rp), pairs);
-            }
-            pipeline_keep.producer_commit(keep_state);
-            ++keep_state;
-          }
-        }
-        return;
-      }
-    }
     // Warp 0 follows the schedule (its lanes search varlen offsets together);
     // its lane 0 issues every load.
     if (threadIdx.x >= 32) return;
@@ -295,18 +228,6 @@ __global__ void __launch_bounds__(Traits::kCtaThreads, 1)
 
   typename Pipeline::PipelineState state;  // stage 0, phase 0: the producer's order
   typename PipelineQ::PipelineState state_q;
-  typename PipelineKeep<Traits>::PipelineState keep_state;  // with mask warps
-  // Key block n_block's keep bytes, once for each block in order (with mask warps):
-  // fn(words) reads them from the stage, which is released after it.
-  auto with_keep_bytes = [&](auto&& fn) {
-    if constexpr (kMaskWarps) {
-      pipeline_keep.consumer_wait(keep_state);
-      fn(storage.keep[keep_state.index()].data());
-      __syncwarp();
-      if (lane == 0) pipeline_keep.consumer_release(keep_state);
-      ++keep_state;
-    }
-  };
   for (;;) {
     pipeline_q.consumer_wait(state_q);
     const int q_index = q_stage(state_q);  // the Q stage of this tile
@@ -366,7 +287,6 @@ __global__ void __launch_bounds__(Traits::kCtaThreads, 1)
       for (int n_block = n_end - 1; n_block >= n_begin; --n_block, ++state) {
         pipeline_k.consumer_wait(state);
         release_k(state, n_block);
-        with_keep_bytes([](const uint32_t*) {});
         wait_v(state, n_block);
         release_v(state);
       }
@@ -425,23 +345,7 @@ __global__ void __launch_bounds__(Traits::kCtaThreads, 1)
       auto to_operand = [&](int n_block) {
         softmax.rescale(acc_o_rc, correction);
         convert_fragment_into(acc_s, rP);
-        if constexpr (kMaskWarps) {
-          // The mask warps' bytes: word q (this lane's) of each of its units.
-          with_keep_bytes([&](const uint32_t* keep) {
-            Tensor p_rc = make_tensor(rP.data(), Traits::rowcol(rP.layout()));
-            CUTE_UNROLL
-            for (int r = 0; r < size<0>(p_rc); r += 2) {
-              const int rp = KeepTile::row_pair(get<0>(tScS_rc(r, 0)));
-              CUTE_UNROLL
-              for (int c = 0; c < size<1>(p_rc); c += 2) {
-                const int g = get<1>(tScS0_rc(r, c)) / 8;  // thread 0's group: the same
-                const uint32_t word = keep[KeepTile::unit_word(rp, g) + lane % 4];
-                reinterpret_cast<uint32_t&>(p_rc(r, c)) &= __byte_perm(word, 0, 0x1100);
-                reinterpret_cast<uint32_t&>(p_rc(r + 1, c)) &= __byte_perm(word, 0, 0x3322);
-              }
-            }
-          });
-        } else if constexpr (kDropout) {
+        if constexpr (kDropout) {
           Dropout<Traits>(params, tile.batch, tile.head)
               .drop_probabilities(make_tensor(rP.data(), Traits::rowcol(rP.layout())), tScS_rc, tScS0_rc, m0,
                                   n_block * kBlockN);

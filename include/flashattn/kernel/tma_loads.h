@@ -9,13 +9,12 @@ namespace flashattn {
 
 // A stage filled by TMA from thread 0 (which announces `bytes`) and released by
 // each consumer warp (cutlass::PipelineTmaAsync in a CTA of its own).
-// extra_consumer_warps: warps beside the consumers that also release each stage.
 template <typename Pipeline, typename Traits>
-__device__ typename Pipeline::Params tma_pipeline_params(bool producer, uint32_t bytes, int extra_consumer_warps = 0) {
+__device__ typename Pipeline::Params tma_pipeline_params(bool producer, uint32_t bytes) {
   typename Pipeline::Params p;
   p.role = producer ? Pipeline::ThreadCategory::Producer : Pipeline::ThreadCategory::Consumer;
   p.is_leader = threadIdx.x == 0;
-  p.num_consumers = Traits::kConsumerThreads / 32 + extra_consumer_warps;
+  p.num_consumers = Traits::kConsumerThreads / 32;
   p.transaction_bytes = bytes;
   return p;
 }

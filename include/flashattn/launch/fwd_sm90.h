@@ -1,8 +1,8 @@
 // sm90 family forward: the warp-specialised kernel's tiles per head-dim bucket,
-// and the KV cache kernel's. Two consumer warpgroups of 64 query rows, and key
-// blocks as long as two K and two V stages leave room for (H100, bf16; the
-// stage-1 tile sweeps and the warp-specialised kernel's runs are in
-// docs/perf-notes.md). benchmarks/sweep_sm90_tiles.sh builds every bucket with
+// and the KV cache kernel's. Two consumer warpgroups of 64 query rows (three up
+// to d64, without dropout), and key blocks as long as two K and two V stages
+// leave room for (H100, bf16; the stage-1 tile sweeps and the warp-specialised
+// kernel's runs are in docs/perf-notes.md). benchmarks/sweep_sm90_tiles.sh builds every bucket with
 // one tile instead (FLASHATTN_SM90_TILE_M / _N) to time alternatives.
 #pragma once
 
@@ -25,8 +25,12 @@ struct Sm90FwdWsTile {
   static constexpr int kM = FLASHATTN_SM90_TILE_M, kN = FLASHATTN_SM90_TILE_N;
 };
 #else
+// Up to d64, three consumer warpgroups (192 rows): +2-7% forward over 128 rows
+// but for causal 1k tokens (-3%; H100, docs/perf-notes.md).
 template <int kHeadDim>
-struct Sm90FwdWsTile : Sm90FwdWsDropoutTile<kHeadDim> {};
+struct Sm90FwdWsTile : Sm90FwdWsDropoutTile<kHeadDim> {
+  static constexpr int kM = kHeadDim <= 64 ? 192 : 128;
+};
 #endif
 
 template <typename Traits>
@@ -46,7 +50,7 @@ FwdWsLoads<Traits> make_fwd_ws_loads(const FwdParams& p) {
 
 template <typename Traits, bool kScoreMods, bool kDropout>
 void launch_fwd_ws_variant(const FwdParams& params, cudaStream_t stream) {
-  constexpr int kSmem = int(sizeof(FwdWsStorage<Traits, kDropout>));
+  constexpr int kSmem = int(sizeof(FwdWsSharedStorage<Traits>));
   static_assert(kSmem <= Traits::kMaxSmemBytes, "the tile needs more shared memory than Hopper gives a CTA");
   opt_in_smem<fwd_ws_kernel<Traits, kScoreMods, kDropout>>(kSmem, params.device);
   fwd_ws_kernel<Traits, kScoreMods, kDropout>
@@ -71,7 +75,7 @@ struct Sm90Fwd {
   using WsDropoutTile = Sm90FwdWsDropoutTile<kHeadDim>;
   using WsDropoutTraits = Sm90FwdWsTraits<Element, kHeadDim, WsDropoutTile::kM, WsDropoutTile::kN>;
   // The kernel table's shared memory: the largest of the forward kernels'.
-  using SharedStorage = LargestType<FwdWsSharedStorage<WsTraits>, FwdWsStorage<WsDropoutTraits, true>,
+  using SharedStorage = LargestType<FwdWsSharedStorage<WsTraits>, FwdWsSharedStorage<WsDropoutTraits>,
                                     FwdSharedStorage<KvTraits>>;
 
   // The forward (but the KV cache's) runs the warp-specialised kernel.
