@@ -52,6 +52,8 @@ def _eager() -> bool:
 
 
 def _backward(ctx, dout, _dlse):
+    if dout is None:  # the eager Functions do not materialise gradients (below)
+        return (None,) * 13
     dq, dk, dv = _ops.attention_backward(dout, ctx.saved_tensors, ctx.args, ctx.deterministic)
     return (dq, dk, dv) + (None,) * 10
 
@@ -118,6 +120,9 @@ class _FlashAttnFunctionEager(torch.autograd.Function):
         *options, deterministic, family = scalars
         with _below_autograd():
             out, lse = _fwd_op(q, k, v, alibi_slopes, rng_state, *options, family)
+        # lse has no gradient: do not let autograd allocate and zero one for it
+        # (an allocation and a kernel launch per backward).
+        ctx.set_materialize_grads(False)
         ctx.save_for_backward(q, k, v, out, lse, alibi_slopes, rng_state)
         ctx.args = (*options, family)
         ctx.deterministic = deterministic
@@ -376,6 +381,8 @@ def flash_attn_kvpacked_func(
 
 
 def _varlen_backward(ctx, dout, _dlse):
+    if dout is None:  # as _backward
+        return (None,) * 17
     dq, dk, dv = _ops.varlen_attention_backward(dout, ctx.saved_tensors, ctx.args, ctx.deterministic)
     return (dq, dk, dv) + (None,) * 14
 
@@ -430,6 +437,7 @@ class _FlashAttnVarlenFunctionEager(torch.autograd.Function):
         *options, deterministic, family = scalars
         with _below_autograd():
             out, lse = _varlen_fwd_op(q, k, v, cu_q, cu_k, max_q, max_k, alibi_slopes, rng_state, *options, family)
+        ctx.set_materialize_grads(False)  # as _FlashAttnFunctionEager
         ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k, alibi_slopes, rng_state)
         ctx.args = (max_q, max_k, *options, family)
         ctx.deterministic = deterministic

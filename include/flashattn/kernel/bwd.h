@@ -155,13 +155,15 @@ __device__ __forceinline__ void add_dq(const BwdParams& params, const AttentionM
 // Under wgmma dP may still be in flight: it is waited for after P's exponentials.
 // lse in log2 units as hi + lo (+inf past the sequence's end: P = 0 there), D per
 // row of this thread.
+// keep_words: the tile's dropout masks made beforehand (make_keep_words), or
+// nullptr to make them here.
 template <typename Traits, bool kScoreMods, bool kDropout, int kRows, typename Acc, typename Coords,
-          typename CoordsRc>
+          typename CoordsRc, typename KeepWords = std::nullptr_t>
 __device__ __forceinline__ void p_and_ds(Acc& acc_s, Acc& acc_dp, const float (&lse_hi)[kRows],
                                          const float (&lse_lo)[kRows], const float (&d_row)[kRows],
                                          const BwdParams& params, const AttentionMask& mask, const Coords& tScS,
                                          const Coords& tScS0, const CoordsRc& tScS_rc, const CoordsRc& tScS0_rc,
-                                         int batch, int head, int m0, int n0) {
+                                         int batch, int head, int m0, int n0, const KeepWords& keep_words = nullptr) {
   const float softcap = params.softcap;
   auto dcap = make_tensor_like(acc_s);  // d(softcap(x))/dx, kScoreMods only
   if constexpr (kScoreMods) {
@@ -193,8 +195,7 @@ __device__ __forceinline__ void p_and_ds(Acc& acc_s, Acc& acc_dp, const float (&
   products_wait<Traits, 0>(acc_dp);
   if constexpr (kDropout) {
     // P Z for dV; dS = P (Z dP / (1 - p) - D).
-    const Dropout<Traits> drop(params, batch, head);
-    drop.for_each_mask(tScS_rc, tScS0_rc, m0, n0, [&](int r, int c, uint32_t keep) {
+    auto apply = [&](int r, int c, uint32_t keep) {
       CUTE_UNROLL
       for (int k = 0; k < 2; ++k) {
         const float p = s_rc(r, c + k);
@@ -202,7 +203,17 @@ __device__ __forceinline__ void p_and_ds(Acc& acc_s, Acc& acc_dp, const float (&
         s_rc(r, c + k) = kept ? p : 0.f;
         dp_rc(r, c + k) = p * ((kept ? dp_rc(r, c + k) * params.dropout_scale : 0.f) - d_row[r]);
       }
-    });
+    };
+    if constexpr (std::is_same_v<KeepWords, std::nullptr_t>) {
+      const Dropout<Traits> drop(params, batch, head);
+      drop.for_each_mask(tScS_rc, tScS0_rc, m0, n0, apply);
+    } else {
+      CUTE_UNROLL
+      for (int r = 0; r < kRows; ++r) {
+        CUTE_UNROLL
+        for (int c = 0; c < size<1>(s_rc); c += 2) apply(r, c, keep_words[r][c / 2]);
+      }
+    }
   } else {
     CUTE_UNROLL
     for (int r = 0; r < kRows; ++r) {
@@ -216,6 +227,18 @@ __device__ __forceinline__ void p_and_ds(Acc& acc_s, Acc& acc_dp, const float (&
       for (int i = 0; i < size(acc_dp); ++i) acc_dp(i) *= dcap(i);
     }
   }
+}
+
+// The dropout masks of the tile at (m0, n0) of query head `head`, as p_and_ds
+// applies them: words[r][c / 2] is for_each_mask's word of elements (r, c), (r,
+// c + 1) of the (rows, cols) view. Made ahead, where the tensor cores are busy
+// with products that do not need them.
+template <typename Traits, int kRows, int kPairs, typename CoordsRc>
+__device__ __forceinline__ void make_keep_words(uint32_t (&words)[kRows][kPairs], const BwdParams& params,
+                                                const CoordsRc& tScS_rc, const CoordsRc& tScS0_rc, int batch,
+                                                int head, int m0, int n0) {
+  const Dropout<Traits> drop(params, batch, head);
+  drop.for_each_mask(tScS_rc, tScS0_rc, m0, n0, [&](int r, int c, uint32_t keep) { words[r][c / 2] = keep; });
 }
 
 // Epilogue: dK (scaled: S was Q K^T unscaled) and dV of the key block at n0

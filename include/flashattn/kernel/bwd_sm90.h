@@ -188,6 +188,14 @@ __global__ void __launch_bounds__(Traits::kCtaThreads, 1)
   Tensor tScS_rc = make_tensor(tScS.data(), Traits::rowcol(tScS.layout()));
   Tensor tScS0_rc = make_tensor(tScS0.data(), Traits::rowcol(tScS0.layout()));
   constexpr int kRows = decltype(size<0>(tScS_rc))::value;
+  constexpr int kPairs = decltype(size<1>(tScS_rc))::value / 2;
+  // Dropout: a tile's keep masks are made during the previous tile's dV, dK and
+  // dQ products (before the first tile, here), off the path from S to dS. Forward
+  // + backward with dropout, H100: +4% at d128, -1-2% at d64, -2-3% at d256
+  // (docs/perf-notes.md), so from d96 to d128. Not with score modifiers, whose
+  // d128 kernel spills in its loop already.
+  constexpr bool kKeepAhead = kDropout && !kScoreMods && kHeadDim > 64 && kHeadDim <= 128;
+  uint32_t keep[kKeepAhead ? kRows : 1][kKeepAhead ? kPairs : 1];
   auto copy_pds = make_tiled_copy_C(typename Traits::SmemCopyAtomO{}, mma_sdp);
   Tensor tPsP = copy_pds.get_thread_slice(tidx).partition_D(sP);
   Tensor tdSsdS = copy_pds.get_thread_slice(tidx).partition_D(sdS);
@@ -223,6 +231,9 @@ __global__ void __launch_bounds__(Traits::kCtaThreads, 1)
 
   typename Pipeline::PipelineState state;  // stage 0, phase 0: the producer's order
   int head = head0, m_block = m_begin, pds_buffer = 0;
+  if constexpr (kKeepAhead) {
+    if (num_iters > 0) make_keep_words<Traits>(keep, params, tScS_rc, tScS0_rc, batch, head, m_block * kBlockM, n0);
+  }
   for (int it = 0; it < num_iters; ++it) {
     const int m0 = m_block * kBlockM;
     const int stage = state.index();
@@ -257,8 +268,13 @@ __global__ void __launch_bounds__(Traits::kCtaThreads, 1)
       d_row[r] = storage.d[stage][row];
     }
     products_wait<Traits, 1>(acc_s);
-    p_and_ds<Traits, kScoreMods, kDropout>(acc_s, acc_dp, lse_hi, lse_lo, d_row, params, mask, tScS, tScS0, tScS_rc,
-                                           tScS0_rc, batch, head, m0, n0);
+    if constexpr (kKeepAhead) {
+      p_and_ds<Traits, kScoreMods, kDropout>(acc_s, acc_dp, lse_hi, lse_lo, d_row, params, mask, tScS, tScS0,
+                                             tScS_rc, tScS0_rc, batch, head, m0, n0, keep);
+    } else {
+      p_and_ds<Traits, kScoreMods, kDropout>(acc_s, acc_dp, lse_hi, lse_lo, d_row, params, mask, tScS, tScS0,
+                                             tScS_rc, tScS0_rc, batch, head, m0, n0);
+    }
     Tensor rP = convert_fragment<Element>(acc_s);
     Tensor rdS = convert_fragment<Element>(acc_dp);
     copy(copy_pds, make_tensor(rP.data(), copy_pds.retile(rP.layout())),
@@ -276,6 +292,13 @@ __global__ void __launch_bounds__(Traits::kCtaThreads, 1)
     product_dv(acc_dv, pds_offset, q_offset);
     product_dk(acc_dk, pds_offset, q_offset);
     product_dq(acc_dq, pds_offset);
+    if constexpr (kKeepAhead) {
+      if (it + 1 < num_iters) {
+        const bool next_head = m_block + 1 == m_end;
+        make_keep_words<Traits>(keep, params, tScS_rc, tScS0_rc, batch, next_head ? head + 1 : head,
+                                (next_head ? m_begin : m_block + 1) * kBlockM, n0);
+      }
+    }
     products_wait<Traits, 1>(acc_dv, acc_dk);
     __syncwarp();
     if (lane == 0) {  // Q and dO of this stage read: the producer may refill it
