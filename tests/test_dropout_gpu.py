@@ -189,6 +189,16 @@ def test_forward_backward(family, dtype, d, s_q, s_k, causal):
     check_dropout(family, dtype, 2, s_q, s_k, 4, 4, d, causal=causal)
 
 
+# The sm90 backward makes a tile's keep masks during the previous tile's products in
+# the d96 and d128 buckets only (kernel/bwd_sm90.h): head dims on both sides of those
+# bounds, GQA, and a sequence of several query tiles per key block.
+@pytest.mark.parametrize("s_q, s_k, causal", [(255, 113, True), (113, 300, False), (700, 700, True)])
+@pytest.mark.parametrize("d", [40, 72, 96, 120, 160])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_sm90_keep_masks_made_ahead(dtype, d, s_q, s_k, causal):
+    check_dropout("sm90", dtype, 2, s_q, s_k, 4, 2, d, causal=causal)
+
+
 @pytest.mark.parametrize(
     "feature", ["gqa", "mqa", "window", "softcap", "alibi", "softcap_alibi", "p_small", "p_large", "d80"]
 )
