@@ -64,10 +64,19 @@ def describe(kernel):
         smem = ((q_buffers + 1) * bm * d + 2 * bn * d + 2 * bm * bn) * elem_bytes
     label = f"{traits} {element:<10} d{d:<3} {bm}x{bn} {warps} warps"
     if traits.endswith("WsTraits") and traits.startswith("Sm90Fwd"):
-        # Sm90FwdWsTraits<..., kStages>: Q and kStages K and V stages (the
-        # output's own tile, where it fits, comes on top)
-        smem = (bm + 2 * int(warps) * bn) * d * elem_bytes
-        label = f"{traits} {element:<10} d{d:<3} {bm}x{bn} {warps} stages"
+        # Sm90FwdWsTraits<..., kStages>: kQStages Q tiles (two where a second fits
+        # beside the K/V stages and the output's own tile), kStages K and V stages,
+        # and the output's own tile where it fits (arch/sm90.h, kernel/fwd_sm90.h;
+        # their barriers are not counted). A build with -DFLASHATTN_SM90_Q_STAGES=1
+        # has one Q stage: this assumes the default.
+        stages, limit = int(warps), 227 * 1024
+        kv = 2 * stages * bn * d * elem_bytes
+        q_stages = 2 if (3 * bm * d * elem_bytes + kv + 2048) <= limit else 1
+        smem = q_stages * bm * d * elem_bytes + kv
+        own_o = smem + bm * d * elem_bytes <= limit
+        smem += bm * d * elem_bytes if own_o else 0
+        # e.g. "kv2 q2 o": two K/V stages, two Q stages, the output's own tile
+        label = f"{traits} {element:<10} d{d:<3} {bm}x{bn} kv{stages} q{q_stages}{' o' if own_o else ''}"
     if flag := re.search(r"EELb([01])E", kernel["name"]):
         label += " +mods" if flag.group(1) == "1" else ""
     if "convert_dq" in kernel["name"]:
