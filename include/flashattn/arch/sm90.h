@@ -43,6 +43,36 @@ struct Sm90AccumulatorLayout {
   }
 };
 
+// A 16-byte load from shared memory by its shared-window address: the
+// forward's read of its staged output, which the compiler otherwise emits as a
+// generic load (it cannot tell the tile's address space through the kernel's
+// storage struct).
+struct SharedLoad128 {
+  using SRegisters = uint128_t[1];
+  using DRegisters = uint128_t[1];
+  CUTE_DEVICE static void copy(uint128_t const& src, uint128_t& dst) {
+    const uint32_t address = cast_smem_ptr_to_uint(&src);
+    uint32_t* d = reinterpret_cast<uint32_t*>(&dst);
+    asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+                 : "r"(address));
+  }
+};
+
+}  // namespace flashattn
+
+namespace cute {
+template <>
+struct Copy_Traits<flashattn::SharedLoad128> {
+  using ThrID = Layout<_1>;
+  using SrcLayout = Layout<Shape<_1, _128>>;
+  using DstLayout = Layout<Shape<_1, _128>>;
+  using RefLayout = SrcLayout;
+};
+}  // namespace cute
+
+namespace flashattn {
+
 // `setmaxnreg` moves registers within what the CTA got at launch: with
 // __launch_bounds__(threads, 1) that is 64 K / threads per thread, rounded down
 // to a multiple of 8. A split asking for more makes the consumers' allocation
@@ -139,6 +169,11 @@ struct Sm90FwdWsTraits : Sm90FwdTraits<Element_, kHeadDim_, kBlockM_, kBlockN_> 
   // tile it cost 3-8% on dense shapes and won 4% on varlen batches of short
   // sequences (H100, docs/perf-notes.md).
   static constexpr bool kSkipRowlessWarpgroups = kConsumerWarpgroups == 3;
+  // The output's epilogue: the accumulators into shared memory by stmatrix
+  // (16 bytes per thread and instruction, where element-wise copies store 4),
+  // read back by explicit shared loads, then 16-byte global stores.
+  using SmemCopyAtomOut = Copy_Atom<SM90_U32x4_STSM_N, Element>;
+  using SmemLoadAtomOut = Copy_Atom<SharedLoad128, Element>;
   // Shared -> global for one warpgroup's 64 rows of O (its 128 threads).
   using GmemTiledCopyOWarpgroup = decltype(make_tiled_copy(
       Copy_Atom<UniversalCopy<uint128_t>, Element>{},

@@ -434,16 +434,17 @@ __global__ void __launch_bounds__(Traits::kCtaThreads, 1)
       Tensor sOw = local_tile(sO, Shape<_64, Int<kHeadDim>>{}, make_coord(wg, 0));
       Tensor gOw = local_tile(mO, Shape<_64, Int<kHeadDim>>{}, make_coord(tile.m_block * (kBlockM / 64) + wg, 0));
       warpgroup_sync(wg);  // its last tile's stores have read sOw
-      stage_in_smem<typename Traits::SmemCopyAtomO>(acc_o, tiled_mma_pv, sO, tidx);
+      stage_in_smem<typename Traits::SmemCopyAtomOut>(acc_o, tiled_mma_pv, sO, tidx);
       warpgroup_sync(wg);
       store_from_smem<typename Traits::GmemTiledCopyOWarpgroup>(sOw, gOw, rows_left_q - 64 * wg, params.head_dim,
-                                                                 tidx % 128);
+                                                                 tidx % 128, NoRowOffset{},
+                                                                 static_cast<typename Traits::SmemLoadAtomOut*>(nullptr));
     } else {
       Tensor sO = make_tensor(sQ_of(q_index).data(), typename Traits::SmemLayoutO{});
       consumers_sync<Traits>();
-      store_through_smem<typename Traits::GmemTiledCopyO, typename Traits::SmemCopyAtomO>(
+      store_through_smem<typename Traits::GmemTiledCopyO, typename Traits::SmemCopyAtomOut>(
           acc_o, tiled_mma_pv, sO, gO, rows_left_q, params.head_dim, tidx, NoRowOffset{},
-          [] { consumers_sync<Traits>(); });
+          [] { consumers_sync<Traits>(); }, static_cast<typename Traits::SmemLoadAtomOut*>(nullptr));
     }
     if (!kOwnOutputTile || !any_key) {  // else released after the last S = QK^T
       // Where the output is staged in Q's place, every thread's accesses to it

@@ -248,9 +248,11 @@ __device__ __forceinline__ void stage_in_smem(const Acc& acc, TiledMma mma, Smem
   copy(copy_c, make_tensor(rAcc.data(), copy_c.retile(rAcc.layout())), copy_c.get_thread_slice(tidx).partition_D(sTile));
 }
 
-template <typename GmemTiledCopy, typename SmemTile, typename GmemTile, typename RowOffset = NoRowOffset>
+// SmemLoadAtom: the copy that reads shared memory (default: GmemTiledCopy's own).
+template <typename GmemTiledCopy, typename SmemTile, typename GmemTile, typename RowOffset = NoRowOffset,
+          typename SmemLoadAtom = void>
 __device__ __forceinline__ void store_from_smem(const SmemTile& sTile, GmemTile& gTile, int rows_left, int cols_left,
-                                                int tidx, const RowOffset& row_offset = {}) {
+                                                int tidx, const RowOffset& row_offset = {}, SmemLoadAtom* = nullptr) {
   using Element = typename SmemTile::value_type;
   GmemTiledCopy gmem_copy;
   auto thr = gmem_copy.get_thread_slice(tidx);
@@ -261,18 +263,24 @@ __device__ __forceinline__ void store_from_smem(const SmemTile& sTile, GmemTile&
   CUTE_UNROLL
   for (int k = 0; k < size(tSpT); ++k) tSpT(k) = get<1>(tScT(0, 0, k)) < cols_left;
   Tensor tSrT = make_tensor<Element>(shape(tSgT));
-  copy(gmem_copy, tSsT, tSrT);
+  if constexpr (std::is_void_v<SmemLoadAtom>) {
+    copy(gmem_copy, tSsT, tSrT);
+  } else {
+    copy(SmemLoadAtom{}, tSsT, tSrT);
+  }
   store_tile(gmem_copy, tSrT, tSgT, tScT, tSpT, rows_left, row_offset);
 }
 
 template <typename GmemTiledCopy, typename SmemCopyAtom, typename Acc, typename TiledMma, typename SmemTile,
-          typename GmemTile, typename RowOffset = NoRowOffset, typename Sync = SyncThreads>
+          typename GmemTile, typename RowOffset = NoRowOffset, typename Sync = SyncThreads,
+          typename SmemLoadAtom = void>
 __device__ __forceinline__ void store_through_smem(const Acc& acc, TiledMma mma, SmemTile& sTile, GmemTile& gTile,
                                                    int rows_left, int cols_left, int tidx,
-                                                   const RowOffset& row_offset = {}, const Sync& sync = {}) {
+                                                   const RowOffset& row_offset = {}, const Sync& sync = {},
+                                                   SmemLoadAtom* load = nullptr) {
   stage_in_smem<SmemCopyAtom>(acc, mma, sTile, tidx);
   sync();
-  store_from_smem<GmemTiledCopy>(sTile, gTile, rows_left, cols_left, tidx, row_offset);
+  store_from_smem<GmemTiledCopy>(sTile, gTile, rows_left, cols_left, tidx, row_offset, load);
 }
 
 }  // namespace flashattn
