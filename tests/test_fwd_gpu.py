@@ -282,18 +282,30 @@ def test_build_info_lists_a_family_for_this_gpu():
     assert runnable, f"no built family runs on compute capability {major}.{minor}: {info}"
 
 
-def test_preallocated_out_is_honoured():
-    # out is a strided view into a larger buffer: exactly its elements are written.
-    q, k, v = make_qkv(2, 128, 128, HEADS, HEADS, 64, torch.float16, seed=5)
-    fam = require(f"sm{_dispatch.resolve_family(q.device, q.dtype)}", q.dtype, 64)
-    buffer = torch.full((2, 128, HEADS, 128), 7.0, device="cuda", dtype=torch.float16)
-    out = buffer[..., :64]
+@pytest.mark.parametrize("layout", ["padded_rows", "head_major"])
+@pytest.mark.parametrize("d, s", [(64, 128), (72, 200), (256, 77)])
+@pytest.mark.parametrize("family, dtype", FAMILY_DTYPES)
+def test_preallocated_out_is_honoured(family, dtype, d, s, layout):
+    # out is a strided view into a larger buffer (rows padded past the head dim,
+    # or a (b, h, s, d) buffer seen as (b, s, h, d)), over lengths that end
+    # inside a tile: exactly its elements are written.
+    fam = require(family, dtype, d)
+    q, k, v = make_qkv(2, s, s, HEADS, HEADS, d, dtype, seed=5)
+    if layout == "padded_rows":
+        buffer = torch.full((2, s, HEADS, d + 24), 7.0, device="cuda", dtype=dtype)
+        out = buffer[..., :d]
+    else:
+        buffer = torch.full((2, HEADS, s + 3, d), 7.0, device="cuda", dtype=dtype)
+        out = buffer[:, :, :s].transpose(1, 2)
+    outside = torch.ones_like(buffer, dtype=torch.bool)
+    outside.as_strided(out.shape, out.stride()).fill_(False)
     out.fill_(float("nan"))
-    call_kernel(OPS.fwd_out, q, k, v, out, None, None, 0.0, 0.125, False, -1, -1, 0.0, fam)
+    scale = d**-0.5
+    call_kernel(OPS.fwd_out, q, k, v, out, None, None, 0.0, scale, False, -1, -1, 0.0, fam)
     assert out.data_ptr() == buffer.data_ptr()
-    assert (buffer[..., 64:] == 7.0).all(), "fwd_out wrote outside out"
-    ref, _ = reference.attention(q.float(), k.float(), v.float(), softmax_scale=0.125)
-    lowp, _ = reference.attention(q, k, v, softmax_scale=0.125, upcast=False)
+    assert (buffer[outside] == 7.0).all(), "fwd_out wrote outside out"
+    ref, _ = reference.attention(q.float(), k.float(), v.float(), softmax_scale=scale)
+    lowp, _ = reference.attention(q, k, v, softmax_scale=scale, upcast=False)
     assert_standard("out", out, ref, lowp, FWD_FACTOR)
 
 

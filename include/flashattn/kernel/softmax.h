@@ -86,7 +86,7 @@ struct OnlineSoftmax {
   // Normalises out and returns, per row, the log-sum-exp of the scaled
   // scores (natural log); +inf for a row that saw no key (its output is 0).
   // The lse is built from the very maximum update() subtracted (m * scale_log2,
-  // the same fp32 product) plus log2(sum), in double, and rounded once: the
+  // the same fp32 product) plus log2(sum), and rounded once in effect: the
   // backward recomputes P = exp2(s * scale_log2 - lse * log2(e)), and with scores
   // in the thousands each extra fp32 rounding of the lse (~1e-4 there) would be
   // a relative error of P.
@@ -98,7 +98,19 @@ struct OnlineSoftmax {
       const bool empty = sum == 0.f || sum != sum;
       const float inv = empty ? 0.f : 1.f / sum;
       const float m_scaled = row_max[r] * scale_log2;
-      lse[r] = empty ? INFINITY : float((double(m_scaled) + double(__log2f(sum))) * 0.69314718055994530942);
+      // (m_scaled + log2(sum)) * ln 2 within half an fp32 spacing, in float
+      // arithmetic: the sum as an exact pair s + e (TwoSum), s * ln 2 as an exact
+      // pair hi + FMA's remainder, the small terms added first. (Double
+      // conversions cost the short-sequence sm90 forward ~2%, docs/perf-notes.md.)
+      constexpr float kLn2 = 0.693147182464599609375f;   // ln 2 rounded to float
+      constexpr float kLn2Lo = -1.904654299957768e-09f;  // ln 2 - kLn2
+      const float log2_sum = __log2f(sum);
+      const float s = m_scaled + log2_sum;
+      const float s_m = s - m_scaled;
+      const float e = (m_scaled - (s - s_m)) + (log2_sum - s_m);
+      const float hi = s * kLn2;
+      const float lo = fmaf(s, kLn2, -hi) + fmaf(e, kLn2, s * kLn2Lo);
+      lse[r] = empty ? INFINITY : hi + lo;
       CUTE_UNROLL
       for (int c = 0; c < size<1>(out); ++c) out(r, c) *= inv;
     }
