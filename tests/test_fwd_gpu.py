@@ -223,6 +223,32 @@ def test_several_tiles_per_cta(family, dtype, d, s_q, s_k, mask):
     check_forward(q, k, v, fam, **mask)
 
 
+LONG_KEYS = {
+    # (s_q, s_k, h_k, options): the sm90 family runs d > 192 in key blocks of 80
+    # from 1024 keys, 2048 under a mask (launch/fwd_sm90.h); lengths that end
+    # inside such a block, and the lengths just below the switch.
+    "full": (1031, 1031, 2, {}),
+    "below_switch": (300, 1023, 2, {}),
+    "causal": (2100, 2300, 1, {"causal": True}),
+    "causal_below_switch": (700, 2047, 2, {"causal": True}),
+    "window": (2048, 2048, 2, {"window": (300, 40)}),
+    "softcap_alibi": (200, 1500, 2, {"softcap": 30.0, "alibi": True}),
+}
+
+
+@pytest.mark.parametrize("case", LONG_KEYS)
+@pytest.mark.parametrize("d", [200, 256])
+@pytest.mark.parametrize("family, dtype", FAMILY_DTYPES)
+def test_long_key_blocks(family, dtype, d, case):
+    fam = require(family, dtype, d)
+    s_q, s_k, h_k, opts = LONG_KEYS[case]
+    q, k, v = make_qkv(1, s_q, s_k, 4, h_k, d, dtype, seed=23)
+    opts = dict(opts)
+    if opts.pop("alibi", False):
+        opts["alibi"] = torch.rand(4, device="cuda") * 0.3
+    check_forward(q, k, v, fam, **opts)
+
+
 # ---- the full grid
 
 

@@ -125,6 +125,15 @@ def test_varlen_head_dims(family, dtype, d):
     check_varlen(family, [3, 200, 129], [300, 64, 129], d, dtype, causal=True)
 
 
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("family, dtype", FAMILY_DTYPES)
+def test_varlen_long_key_blocks(family, dtype, causal):
+    # The longest sequence (2100 keys) puts d256 on the sm90 family's tile with key
+    # blocks of 80; the others end inside a block, beside the next one's rows.
+    check_varlen(family, [70, 1000, 5, 301], [77, 2100, 1, 1203], 256, dtype, causal=causal, h_k=2,
+                 backward=False)
+
+
 FEATURES = {
     "window": {"window": (64, 16)},
     "window_causal": {"window": (32, -1), "causal": True},

@@ -2,9 +2,12 @@
 // and the KV cache kernel's. Two consumer warpgroups of 64 query rows (three up
 // to d64, without dropout), and key blocks as long as two K and two V stages
 // leave room for (H100, bf16; the stage-1 tile sweeps and the warp-specialised
-// kernel's runs are in docs/perf-notes.md). benchmarks/sweep_sm90_tiles.sh builds every bucket with
+// kernel's runs are in docs/perf-notes.md); above d192 a second tile with longer
+// key blocks for long sequences. benchmarks/sweep_sm90_tiles.sh builds every bucket with
 // one tile instead (FLASHATTN_SM90_TILE_M / _N) to time alternatives.
 #pragma once
+
+#include <type_traits>
 
 #include "flashattn/arch/sm90.h"
 #include "flashattn/kernel/fwd_sm90.h"
@@ -24,6 +27,8 @@ template <int kHeadDim>
 struct Sm90FwdWsTile {
   static constexpr int kM = FLASHATTN_SM90_TILE_M, kN = FLASHATTN_SM90_TILE_N;
 };
+template <int kHeadDim>
+struct Sm90FwdWsLongTile : Sm90FwdWsTile<kHeadDim> {};
 #else
 // Up to d64, three consumer warpgroups (192 rows): +2-7% forward over 128 rows
 // but for causal 1k tokens (-3%; H100, docs/perf-notes.md).
@@ -31,7 +36,26 @@ template <int kHeadDim>
 struct Sm90FwdWsTile : Sm90FwdWsDropoutTile<kHeadDim> {
   static constexpr int kM = kHeadDim <= 64 ? 192 : 128;
 };
+// Above d192, long sequences run key blocks of 80 (two K and two V stages of
+// them beside Q fill 224 KB): the S product reads Q from shared memory once per
+// key block, so longer blocks ease the shared-memory bandwidth that bounds the
+// d256 loop. d256, bf16, same-call A/B on an H100: +3% at 4k-8k keys, +6% at 16k.
+// A short sequence's last block pads more keys and a causal diagonal wastes
+// more of them (80 everywhere: -5% at 512 keys, -10% causal, H200), so short
+// calls keep blocks of 64 (use_long_key_blocks). Other buckets: one tile.
+template <int kHeadDim>
+struct Sm90FwdWsLongTile : Sm90FwdWsTile<kHeadDim> {
+  static constexpr int kN = kHeadDim > 192 ? 80 : Sm90FwdWsTile<kHeadDim>::kN;
+};
 #endif
+
+// Whether a call runs the long-sequence tile (Sm90FwdWsLongTile): from 1024 keys,
+// 2048 under a causal or window mask (where the padding no longer costs more
+// than the longer blocks win). Varlen: the longest sequence decides.
+inline bool use_long_key_blocks(const FwdParams& p) {
+  const bool masked = p.window_left >= 0 || p.window_right >= 0;
+  return p.seqlen_k >= (masked ? 2048 : 1024);
+}
 
 template <typename Traits>
 FwdWsLoads<Traits> make_fwd_ws_loads(const FwdParams& p) {
@@ -72,17 +96,27 @@ struct Sm90Fwd {
   using KvTraits = Sm90FwdTraits<Element, kHeadDim, KvTile::kM, KvTile::kN>;
   using WsTile = Sm90FwdWsTile<kHeadDim>;
   using WsTraits = Sm90FwdWsTraits<Element, kHeadDim, WsTile::kM, WsTile::kN>;
+  using WsLongTile = Sm90FwdWsLongTile<kHeadDim>;
+  using WsLongTraits = Sm90FwdWsTraits<Element, kHeadDim, WsLongTile::kM, WsLongTile::kN>;
+  static constexpr bool kHasLongTile = !std::is_same_v<WsLongTraits, WsTraits>;
   using WsDropoutTile = Sm90FwdWsDropoutTile<kHeadDim>;
   using WsDropoutTraits = Sm90FwdWsTraits<Element, kHeadDim, WsDropoutTile::kM, WsDropoutTile::kN>;
   // The kernel table's shared memory: the largest of the forward kernels'.
-  using SharedStorage = LargestType<FwdWsSharedStorage<WsTraits>, FwdWsSharedStorage<WsDropoutTraits>,
-                                    FwdSharedStorage<KvTraits>>;
+  using SharedStorage = LargestType<FwdWsSharedStorage<WsTraits>, FwdWsSharedStorage<WsLongTraits>,
+                                    FwdWsSharedStorage<WsDropoutTraits>, FwdSharedStorage<KvTraits>>;
 
-  // The forward (but the KV cache's) runs the warp-specialised kernel.
+  // The forward (but the KV cache's) runs the warp-specialised kernel; with
+  // dropout, in its own tile.
   static void launch_plain(const FwdParams& params, cudaStream_t stream) {
     launch_variant(params, [&](auto score_mods, auto dropout) {
-      using Traits = std::conditional_t<decltype(dropout)::value, WsDropoutTraits, WsTraits>;
-      launch_fwd_ws_variant<Traits, decltype(score_mods)::value, decltype(dropout)::value>(params, stream);
+      constexpr bool kScoreMods = decltype(score_mods)::value;
+      if constexpr (decltype(dropout)::value) {
+        launch_fwd_ws_variant<WsDropoutTraits, kScoreMods, true>(params, stream);
+      } else if (kHasLongTile && use_long_key_blocks(params)) {
+        launch_fwd_ws_variant<WsLongTraits, kScoreMods, false>(params, stream);
+      } else {
+        launch_fwd_ws_variant<WsTraits, kScoreMods, false>(params, stream);
+      }
     });
   }
 };
