@@ -61,6 +61,7 @@ REAL_SHAPES = (
     ("70b-prefill", 1, 16384, 16384, 64, 8, 128, True),
     ("128k-sequence", 1, 131072, 131072, 16, 16, 128, True),
     ("chunked-prefill", 1, 512, 8192, 32, 8, 128, True),
+    ("gemma-d256-prefill", 1, 8192, 8192, 16, 8, 256, True),
 )
 
 # Forward-output sanity check of flashattn against the first SDPA backend that
