@@ -33,13 +33,21 @@ namespace flashattn {
 
 using namespace cute;
 
+// The low and high words of a * b. Written as a 64-bit product in C++, ptxas
+// kept adding the product's zero upper words (about 11 more integer adds per
+// call); mul.lo and mul.hi of the same operands become one IMAD.WIDE.U32.
+__device__ __forceinline__ void mul_wide_u32(uint32_t a, uint32_t b, uint32_t& lo, uint32_t& hi) {
+  asm("mul.lo.u32 %0, %2, %3;\n\tmul.hi.u32 %1, %2, %3;" : "=r"(lo), "=r"(hi) : "r"(a), "r"(b));
+}
+
 __device__ __forceinline__ uint4 philox4x32_7(uint4 c) {
   CUTE_UNROLL
   for (int round = 0; round < 7; ++round) {
     const uint32_t k0 = 0x9E3779B9u * round, k1 = 0xBB67AE85u * round;  // key 0, its schedule
-    const uint64_t p0 = uint64_t(0xD2511F53u) * c.x;
-    const uint64_t p1 = uint64_t(0xCD9E8D57u) * c.z;
-    c = make_uint4(uint32_t(p1 >> 32) ^ c.y ^ k0, uint32_t(p1), uint32_t(p0 >> 32) ^ c.w ^ k1, uint32_t(p0));
+    uint32_t lo0, hi0, lo1, hi1;
+    mul_wide_u32(0xD2511F53u, c.x, lo0, hi0);
+    mul_wide_u32(0xCD9E8D57u, c.z, lo1, hi1);
+    c = make_uint4(hi1 ^ c.y ^ k0, lo1, hi0 ^ c.w ^ k1, lo0);
   }
   return c;
 }

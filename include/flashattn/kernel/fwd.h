@@ -306,6 +306,12 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(const FwdPara
             ? 0.f
             : params.alibi_slopes[tile.batch * params.alibi_batch_stride + tile.head] / params.score_scale;
 
+    // Built once per tile: its counter base is read from device memory.
+    const auto dropout = [&] {
+      if constexpr (kDropout) return Dropout<Traits>(params, tile.batch, tile.head);
+      else return 0;  // no RNG state to read
+    }();
+
     for (; n_block >= n_begin; --n_block) {
       const int n0 = n_block * kBlockN;
       Tensor acc_s = partition_fragment_C(tiled_mma, Shape<Int<kBlockM>, Int<kBlockN>>{});
@@ -370,8 +376,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(const FwdPara
 
       Tensor rP = convert_fragment<Element>(acc_s);
       if constexpr (kDropout) {
-        Dropout<Traits>(params, tile.batch, tile.head)
-            .drop_probabilities(make_tensor(rP.data(), Traits::rowcol(rP.layout())), tScS_rc, tScS0_rc, m0, n0);
+        dropout.drop_probabilities(make_tensor(rP.data(), Traits::rowcol(rP.layout())), tScS_rc, tScS0_rc, m0, n0);
       }
       product_pv(acc_o, rP);
       if (n_block > n_begin) load_k.commit(gmem_copy, tKsK);  // read after the next barrier

@@ -333,6 +333,12 @@ __global__ void __launch_bounds__(Traits::kCtaThreads, 1)
               : params.alibi_slopes[tile.batch * params.alibi_batch_stride + tile.head] / params.score_scale;
 
       clear(acc_o);
+      // Built once per tile: its counter base is read from device memory (the
+      // graph-safe RNG state), which inside the loop would be a load per block.
+      const auto dropout = [&] {
+        if constexpr (kDropout) return Dropout<Traits>(params, tile.batch, tile.head);
+        else return 0;  // no RNG state to read
+      }();
       OnlineSoftmax<kRows, Traits::kRowShuffleMask> softmax;
       float correction[kRows];  // the output's rescale before the next P V adds to it
       Tensor acc_s = partition_fragment_C(tiled_mma, Shape<Int<kBlockM>, Int<kBlockN>>{});
@@ -372,9 +378,8 @@ __global__ void __launch_bounds__(Traits::kCtaThreads, 1)
         softmax.rescale(acc_o_rc, correction);
         convert_fragment_into(acc_s, rP);
         if constexpr (kDropout) {
-          Dropout<Traits>(params, tile.batch, tile.head)
-              .drop_probabilities(make_tensor(rP.data(), Traits::rowcol(rP.layout())), tScS_rc, tScS0_rc, m0,
-                                  n_block * kBlockN);
+          dropout.drop_probabilities(make_tensor(rP.data(), Traits::rowcol(rP.layout())), tScS_rc, tScS0_rc, m0,
+                                     n_block * kBlockN);
         }
       };
       // O += P V of key block n_block, issued once its V landed.
