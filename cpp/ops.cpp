@@ -470,6 +470,11 @@ int prepare_fwd(const Tensor& q, const Tensor& k, const Tensor& v, const Options
     p.dropout_p = static_cast<float>(o.dropout_p);
     p.dropout_threshold = static_cast<uint32_t>(keep16 / 16);
     p.dropout_dither = static_cast<uint32_t>(keep16 % 16);
+    for (uint32_t i = 0; i < 8; ++i) {
+      const uint32_t b = 2 * i;  // bytes b and b + 1 (their thresholds: t, +1 below the dither)
+      p.dropout_thresholds2[i] = (p.dropout_threshold + (b < p.dropout_dither)) |
+                                 ((p.dropout_threshold + (b + 1 < p.dropout_dither)) << 16);
+    }
     p.dropout_scale = static_cast<float>(1.0 / (1.0 - o.dropout_p));
   }
 

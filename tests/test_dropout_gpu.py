@@ -38,8 +38,9 @@ def _exact_fp32_reference(monkeypatch):
     monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
 
 
-def paired_row_stride(family: int) -> int:
-    return _families.get(family).dropout_row_pairing
+def dropout_units(family: int) -> reference.DropoutUnits:
+    f = _families.get(family)
+    return reference.DropoutUnits(f.dropout_row_pairing, f.dropout_lane_units)
 
 
 def rng_state(seed: int) -> torch.Tensor:
@@ -107,7 +108,7 @@ def test_forward_mask_is_the_reference_mask(family, dtype, d):
     b, s_q, s_k, h, h_k = 2, 301, 700, 3, 1
     state = rng_state(1)
     got = read_forward_mask(fam, b, s_q, s_k, h, h_k, d, state, P)
-    want = reference.dropout_keep_mask(state, b, h, s_q, s_k, P, paired_row_stride(fam))
+    want = reference.dropout_keep_mask(state, b, h, s_q, s_k, P, dropout_units(fam))
     assert torch.equal(got, want), f"{(got != want).sum().item()} of {got.numel()} keep bits differ"
 
 
@@ -118,7 +119,7 @@ def test_backward_mask_is_the_forward_mask(family, dtype, d):
     b, s_q, s_k, h = 2, 200, 300, 2
     state = rng_state(2)
     got = read_backward_mask(fam, b, s_q, s_k, h, d, state, P)
-    want = reference.dropout_keep_mask(state, b, h, s_q, s_k, P, paired_row_stride(fam))
+    want = reference.dropout_keep_mask(state, b, h, s_q, s_k, P, dropout_units(fam))
     assert torch.equal(got, want), f"{(got != want).sum().item()} of {got.numel()} keep bits differ"
 
 
@@ -140,7 +141,7 @@ def test_varlen_mask_counts_rows_in_each_sequence(family, dtype):
     v[rows, :, pos % d] = torch.where(pos < 256, 1.0, 0.0).view(-1, 1).half()
     out, _ = call_kernel(OPS.varlen_fwd, q, k, v, cu, cu, max(lengths), max(lengths), None, state, P, 1.0, False,
                          -1, -1, 0.0, fam)
-    mask = reference.dropout_keep_mask(state, len(lengths), h, max(lengths), max(lengths), P, paired_row_stride(fam))
+    mask = reference.dropout_keep_mask(state, len(lengths), h, max(lengths), max(lengths), P, dropout_units(fam))
     start = 0
     for i, n in enumerate(lengths):
         got = out[start:start + n, :, : min(n, 256)] > 1e-3  # (rows, h, cols)
@@ -169,7 +170,7 @@ def check_dropout(family, dtype, b, s_q, s_k, h, h_k, d, causal=False, window=(-
     call_kernel(OPS.bwd_out, dout, q, k, v, out, lse, *grads, *args, False, fam)
 
     kw = {"softmax_scale": scale, "causal": causal, "window_size": window, "softcap": softcap,
-          "alibi_slopes": alibi, "dropout_p": p, "rng_state": state, "paired_row_stride": paired_row_stride(fam)}
+          "alibi_slopes": alibi, "dropout_p": p, "rng_state": state, "dropout_units": dropout_units(fam)}
     f32 = [t.float() for t in (q, k, v, dout)]
     ref, ref_lse = reference.attention(*f32[:3], **kw)
     lowp, lowp_lse = reference.attention(q, k, v, upcast=False, **kw)
@@ -240,7 +241,7 @@ def test_varlen_forward_backward(family, dtype):
     args = (cu_q, cu_k, max(lengths_q), max(lengths_k), None, state, P, d**-0.5, True, -1, -1, 0.0)
     out, lse = call_kernel(OPS.varlen_fwd, q, k, v, *args, fam)
     dq, dk, dv = call_kernel(OPS.varlen_bwd, dout, q, k, v, out, lse, *args, False, fam)
-    kw = {"causal": True, "dropout_p": P, "rng_state": state, "paired_row_stride": paired_row_stride(fam)}
+    kw = {"causal": True, "dropout_p": P, "rng_state": state, "dropout_units": dropout_units(fam)}
     f32 = [t.float() for t in (q, k, v, dout)]
     ref, ref_lse = reference.varlen_attention(*f32[:3], cu_q, cu_k, **kw)
     lowp, lowp_lse = reference.varlen_attention(q, k, v, cu_q, cu_k, upcast=False, **kw)
@@ -308,8 +309,10 @@ def test_same_seed_same_bits_other_seed_other_mask(family, dtype):
 
 def test_keep_rates():
     # The mask's statistics (the kernels apply it bit for bit: the readout tests above).
-    for p, stride in ((0.1, 8), (0.5, 8), (0.1, 2)):
-        mask = reference.dropout_keep_mask(rng_state(20), 4, 8, 1024, 1024, p, stride)
+    Units = reference.DropoutUnits
+    for p, units in ((0.1, Units(8)), (0.5, Units(8)), (0.1, Units(2)), (0.1, Units(8, True)), (0.5, Units(8, True))):
+        mask = reference.dropout_keep_mask(rng_state(20), 4, 8, 1024, 1024, p, units)
+        stride = units.paired_row_stride
         keep = reference.dropout_keep_rate(p)
         n = 1024 * 1024
         per_head = mask.float().mean((-1, -2))
@@ -321,7 +324,7 @@ def test_keep_rates():
             assert abs(rates.std().item() / spread - 1) < 0.1, (p, dim, rates.std().item(), spread)
         # Neighbours (same Philox call or not) are uncorrelated.
         x = mask.float() - keep
-        for shift in ((0, 1), (1, 0), (0, 4), (stride, 0)):
+        for shift in ((0, 1), (1, 0), (0, 4), (0, 8), (stride, 0)):
             corr = (x[..., shift[0]:, shift[1]:] * x[..., : 1024 - shift[0], : 1024 - shift[1]]).mean()
             assert abs(corr.item()) / (keep * (1 - keep)) < 0.01, (p, shift, corr.item())
     assert abs(reference.dropout_keep_rate(0.1) - 0.9) <= 1 / 8192

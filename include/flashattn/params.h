@@ -71,6 +71,10 @@ struct FwdParams {
   float dropout_p = 0.f;
   uint32_t dropout_threshold = 0;
   uint32_t dropout_dither = 0;
+  // The same as the compares of lane units take them (kernel/dropout.h): entry
+  // 2c + half holds the thresholds of bytes 4c + 2 half and 4c + 2 half + 1 in
+  // its low and high 16 bits.
+  uint32_t dropout_thresholds2[8] = {};
   float dropout_scale = 1.f;
 
   bool is_bf16 = false;

@@ -20,6 +20,7 @@ class Family:
     backward: int  # the family whose backward serves this forward
     smem99_tiles: bool
     dropout_row_pairing: int
+    dropout_lane_units: bool
     gpus: str
 
     @property
@@ -46,6 +47,7 @@ def _load() -> dict[int, Family]:
             backward=int(e["backward"].removeprefix("sm")),
             smem99_tiles=e["smem99_tiles"],
             dropout_row_pairing=e["dropout_row_pairing"],
+            dropout_lane_units=e["dropout_lane_units"],
             gpus=e["gpus"],
         )
     return dict(sorted(families.items()))

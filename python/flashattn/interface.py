@@ -198,7 +198,7 @@ def _attention(
             probs = reference.dropout_attn_probs(
                 q[..., :head_dim], k[..., :head_dim], softmax_scale, causal, (window_left, window_right), softcap,
                 alibi_slopes, dropout_p, rng_state, _get_block_size_n(q.device, head_dim, True, causal),
-                _paired_row_stride(family),
+                _dropout_units(family),
             )
     return out, lse, probs
 
@@ -256,10 +256,11 @@ def _get_block_size_n(device, head_dim, is_dropout, is_causal):
     return 64
 
 
-def _paired_row_stride(family: int) -> int:
-    """The dropout mask's row pairing of a kernel family (kernel/dropout.h); the CPU
-    path (family 0) pairs rows as the sm80 family does."""
-    return _families.get(family or 80).dropout_row_pairing
+def _dropout_units(family: int) -> reference.DropoutUnits:
+    """The dropout mask's units of a kernel family (kernel/dropout.h); the CPU path
+    (family 0) has the sm80 family's."""
+    f = _families.get(family or 80)
+    return reference.DropoutUnits(f.dropout_row_pairing, f.dropout_lane_units)
 
 
 def flash_attn_func(
@@ -537,7 +538,7 @@ def _varlen_attention(
             probs = reference.varlen_dropout_attn_probs(
                 q[..., :head_dim], k[..., :head_dim], cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                 softmax_scale, causal, (window_left, window_right), softcap, alibi_slopes, dropout_p, rng_state,
-                _get_block_size_n(q.device, head_dim, True, causal), _paired_row_stride(family),
+                _get_block_size_n(q.device, head_dim, True, causal), _dropout_units(family),
             )
     return out, lse, probs
 

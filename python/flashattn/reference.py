@@ -15,6 +15,7 @@ and per-sequence caches, written plainly, one sequence at a time.
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import torch
 
@@ -125,6 +126,17 @@ def philox4x32(
     return [c0, c1, c2, c3]
 
 
+class DropoutUnits(NamedTuple):
+    """How a kernel family's dropout mask groups elements into Philox calls
+    (include/flashattn/kernel/dropout.h): ``paired_row_stride`` pairs rows (i, i + s),
+    8 for 16x8 mma atoms (sm75, sm80, sm90 and the CPU path), 2 for sm70; with
+    ``lane_units`` (sm90) a call covers one lane's 16 elements of a row pair in 32
+    columns, else a row pair's 8 columns."""
+
+    paired_row_stride: int = 8
+    lane_units: bool = False
+
+
 def dropout_keep_rate(dropout_p: float) -> float:
     """The probability that the kernels keep an element: 1 - p to 1/8192
     (round((1 - p) 4096) / 4096)."""
@@ -138,26 +150,31 @@ def dropout_keep_mask(
     seqlen_q: int,
     seqlen_k: int,
     dropout_p: float,
-    paired_row_stride: int = 8,
+    dropout_units: DropoutUnits = DropoutUnits(),
 ) -> torch.Tensor:
     """Bool (batch, heads, seqlen_q, seqlen_k): the CUDA kernels' dropout mask (True =
     kept) for rng_state = int64 [seed, offset], bit for bit (include/flashattn/kernel/
-    dropout.h defines it). ``paired_row_stride`` is the kernel family's: 8 for sm75 and
-    sm80 (and the CPU path), 2 for sm70. Computed on rng_state's device, without
-    reading it on the host (so it can be captured in a CUDA graph)."""
+    dropout.h defines it), with the kernel family's ``dropout_units``. Computed on
+    rng_state's device, without reading it on the host (so it can be captured in a
+    CUDA graph)."""
     dev = rng_state.device
-    s = paired_row_stride
+    s = dropout_units.paired_row_stride
     i = torch.arange(seqlen_q, device=dev)
     j = torch.arange(seqlen_k, device=dev)
     bh = torch.arange(batch * heads, device=dev).view(batch, heads, 1, 1)
     # seed + offset + b * heads + h, wrapping at 2^64 as the kernels' uint64 does
     base = rng_state[0] + rng_state[1] + bh
-    group = (j // 8).view(1, 1, 1, -1)
+    if dropout_units.lane_units:
+        group = (j // 32 * 4 + j % 8 // 2).view(1, 1, 1, -1)
+        byte_col = j // 8 % 4 * 4 + j % 2
+    else:
+        group = (j // 8).view(1, 1, 1, -1)
+        byte_col = j % 8 // 2 * 4 + j % 2
     row_pair = ((i // (2 * s)) * s + i % s).view(1, 1, -1, 1)
     shape = (batch, heads, seqlen_q, seqlen_k)
     zero = torch.zeros((), dtype=torch.int64, device=dev)
     x = philox4x32((zero, zero), [c.expand(shape) for c in (group, row_pair, base & _MASK32, (base >> 32) & _MASK32)])
-    byte = ((j % 8) // 2 * 4).view(1, -1) + ((i // s) % 2 * 2).view(-1, 1) + (j % 2).view(1, -1)
+    byte = byte_col.view(1, -1) + ((i // s) % 2 * 2).view(-1, 1)
     words = torch.stack(x, dim=-1)  # (..., 4) 32-bit words
     word = torch.gather(words, -1, (byte // 4).expand(shape).unsqueeze(-1)).squeeze(-1)
     u = (word >> ((byte % 4) * 8)) & 0xFF
@@ -166,10 +183,10 @@ def dropout_keep_mask(
     return u < threshold
 
 
-def _dropout_scale(rng_state, dropout_p, shape, dtype, paired_row_stride):
+def _dropout_scale(rng_state, dropout_p, shape, dtype, dropout_units):
     """The kept elements' factor: mask / (1 - p), in the compute dtype."""
     b, h, s_q, s_k = shape
-    keep = dropout_keep_mask(rng_state, b, h, s_q, s_k, dropout_p, paired_row_stride)
+    keep = dropout_keep_mask(rng_state, b, h, s_q, s_k, dropout_p, dropout_units)
     return keep.to(dtype) / (1.0 - dropout_p)
 
 
@@ -202,7 +219,7 @@ def attention(
     dropout_p: float = 0.0,
     rng_state: torch.Tensor | None = None,
     upcast: bool = True,
-    paired_row_stride: int = 8,
+    dropout_units: DropoutUnits = DropoutUnits(),
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Attention forward. Returns (out like q, softmax_lse (b, h, s_q)).
 
@@ -211,8 +228,8 @@ def attention(
     own low-precision math, the error baseline of the GPU tests). ``softmax_lse`` is in
     the compute dtype: natural log of the scores' exp-sum, +inf for a row that sees no
     key (whose output is 0). Dropout (needs ``rng_state``) applies to P after the lse,
-    with the CUDA kernels' mask (``dropout_keep_mask``; ``paired_row_stride`` names
-    the kernel family's, 2 for sm70).
+    with the CUDA kernels' mask (``dropout_keep_mask``; ``dropout_units`` names the
+    kernel family's).
     """
     dtype = _compute_dtype(q.dtype, upcast)
     _, _, vc, _, visible, scores, _ = _prepare(
@@ -222,7 +239,7 @@ def attention(
     lse = lse.masked_fill(lse == -math.inf, math.inf)  # flash_attn: no key -> +inf
     probs = _probs(scores, lse, visible)
     if dropout_p > 0:
-        probs = probs * _dropout_scale(rng_state, dropout_p, probs.shape, dtype, paired_row_stride)
+        probs = probs * _dropout_scale(rng_state, dropout_p, probs.shape, dtype, dropout_units)
     out = torch.einsum("bhqk,bkhd->bqhd", probs, vc)
     return out.to(q.dtype), lse
 
@@ -242,7 +259,7 @@ def attention_bwd(
     dropout_p: float = 0.0,
     rng_state: torch.Tensor | None = None,
     upcast: bool = True,
-    paired_row_stride: int = 8,
+    dropout_units: DropoutUnits = DropoutUnits(),
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Analytic attention backward in fp32 (fp64 for fp64). Returns (dq, dk, dv).
 
@@ -258,7 +275,7 @@ def attention_bwd(
     probs = _probs(scores, softmax_lse, visible)
     dropped = probs
     if dropout_p > 0:
-        keep_scale = _dropout_scale(rng_state, dropout_p, probs.shape, dtype, paired_row_stride)
+        keep_scale = _dropout_scale(rng_state, dropout_p, probs.shape, dtype, dropout_units)
         dropped = probs * keep_scale
     dv = torch.einsum("bhqk,bqhd->bkhd", dropped, do)
     dprobs = torch.einsum("bqhd,bkhd->bhqk", do, vc)
@@ -286,7 +303,7 @@ def dropout_attn_probs(
     dropout_p: float,
     rng_state: torch.Tensor,
     block_size_n: int,
-    paired_row_stride: int = 8,
+    dropout_units: DropoutUnits = DropoutUnits(),
 ) -> torch.Tensor:
     """What flash_attn 2.x returns as S_dmask with ``return_attn_probs=True`` and
     dropout, for a batch q (b, s_q, h, d), k (b, s_k, h_k, d): (b, h, s_q rounded up to
@@ -307,7 +324,7 @@ def dropout_attn_probs(
     running = block_max.flip(-1).cummax(-1).values.flip(-1)  # max over blocks >= this one
     running = running.repeat_interleave(block_size_n, dim=-1)[..., :s_k]
     probs = torch.exp(scores - running.masked_fill(running == -math.inf, 0.0))
-    keep = dropout_keep_mask(rng_state, b, h, s_q, s_k, dropout_p, paired_row_stride)
+    keep = dropout_keep_mask(rng_state, b, h, s_q, s_k, dropout_p, dropout_units)
     probs = torch.where(keep, probs, -probs)
     out = torch.zeros(b, h, -(-s_q // 128) * 128, -(-s_k // 128) * 128, dtype=q.dtype, device=q.device)
     out[..., :s_q, :s_k] = probs.to(q.dtype)
@@ -316,7 +333,7 @@ def dropout_attn_probs(
 
 def varlen_dropout_attn_probs(
     q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_size, softcap,
-    alibi_slopes, dropout_p, rng_state, block_size_n, paired_row_stride=8,
+    alibi_slopes, dropout_p, rng_state, block_size_n, dropout_units=DropoutUnits(),
 ) -> torch.Tensor:
     """``dropout_attn_probs`` of a varlen batch: (b, h, max_seqlen_q rounded up to 128,
     max_seqlen_k rounded up to 128), sequence i at the top left of entry i."""
@@ -328,7 +345,7 @@ def varlen_dropout_attn_probs(
             continue
         slopes, state = _sequence_options(i, h, alibi_slopes, rng_state)
         p = dropout_attn_probs(q[None, rq], k[None, rk], softmax_scale, causal, window_size, softcap, slopes,
-                               dropout_p, state, block_size_n, paired_row_stride)
+                               dropout_p, state, block_size_n, dropout_units)
         out[i, :, : rq.stop - rq.start, : rk.stop - rk.start] = p[0, :, : rq.stop - rq.start, : rk.stop - rk.start]
     return out
 
@@ -366,7 +383,7 @@ def varlen_attention(
     dropout_p: float = 0.0,
     rng_state: torch.Tensor | None = None,
     upcast: bool = True,
-    paired_row_stride: int = 8,
+    dropout_units: DropoutUnits = DropoutUnits(),
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Varlen forward: ``attention`` per sequence. Returns (out (total_q, h, d),
     softmax_lse (h, total_q)) — flash_attn 2.x's varlen lse layout. Rows of q outside
@@ -383,7 +400,7 @@ def varlen_attention(
             continue
         o, l = attention(
             q[None, rq], k[None, rk], v[None, rk], softmax_scale, causal, window_size, softcap,
-            slopes, dropout_p, state, upcast, paired_row_stride,
+            slopes, dropout_p, state, upcast, dropout_units,
         )
         out[rq] = o[0]
         lse[:, rq] = l[0]
@@ -407,7 +424,7 @@ def varlen_attention_bwd(
     dropout_p: float = 0.0,
     rng_state: torch.Tensor | None = None,
     upcast: bool = True,
-    paired_row_stride: int = 8,
+    dropout_units: DropoutUnits = DropoutUnits(),
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Varlen backward: ``attention_bwd`` per sequence; softmax_lse (h, total_q).
     Rows outside every sequence get zero gradients."""
@@ -419,7 +436,7 @@ def varlen_attention_bwd(
         g = attention_bwd(
             dout[None, rq], q[None, rq], k[None, rk], v[None, rk], out[None, rq],
             softmax_lse[None, :, rq], softmax_scale, causal, window_size, softcap, slopes,
-            dropout_p, state, upcast, paired_row_stride,
+            dropout_p, state, upcast, dropout_units,
         )
         dq[rq], dk[rk], dv[rk] = g[0][0], g[1][0], g[2][0]
     return dq, dk, dv

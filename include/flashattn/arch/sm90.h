@@ -24,6 +24,11 @@ struct Sm90AccumulatorLayout {
   static constexpr unsigned kRowShuffleMask = 0x3;
   static constexpr int kPairedRowStride = 8;
   static constexpr unsigned kUnitLanes = 0x3;
+  // A warp holds its rows' columns in runs of 32 or more (N of a wgmma, in the
+  // forward's and the backward's S tiles alike), so each lane's dropout unit is
+  // its own 16 elements of a row pair in 32 columns: no words cross lanes
+  // (kernel/dropout.h).
+  static constexpr bool kDropoutLaneUnits = true;
 
   // ((2, 2, N/8), MMA_M, MMA_N) -> ((2, MMA_M), (2, N/8, MMA_N)): rows, columns.
   template <typename Layout>

@@ -11,6 +11,10 @@
 //              (g, r, lo, hi of rng_state[0] + rng_state[1] + b * heads + h)
 //   k        = (j % 8 / 2) * 4 + (i / s % 2) * 2 + j % 2
 //   kept     = byte k of x (little-endian) < t_lo + (k < n_hi)
+// and in families with lane units (kDropoutLaneUnits: sm90), whose lanes hold
+// their rows' columns in runs of 32:
+//   g        = j / 32 * 4 + j % 8 / 2                (32-column span, lane)
+//   k        = (j / 8 % 4) * 4 + (i / s % 2) * 2 + j % 2
 // with t_lo + n_hi / 16 = round((1 - p) * 4096) / 16: 16 bytes of a call compare
 // with t_lo or t_lo + 1, so that the keep rate is 1 - p within 2^-13 (a byte alone
 // would give it in steps of 1/256). Kept probabilities are scaled by 1 / (1 - p).
@@ -21,9 +25,13 @@
 // lanes that differ in kUnitLanes (sm80 0x3: 4 lanes of 4 elements; sm70 0x2: 2
 // lanes of 8), in the forward's and the backward's tiles alike. Those lanes each
 // compute one call of L neighbouring units and swap words in log2(L) butterfly
-// rounds; the bytes compare as fp16 numbers (all finite and non-negative), two per
-// instruction.
+// rounds. With lane units a call gives one lane's 16 elements (rows {i, i + s} x
+// its 2 columns of 4 neighbouring 8-column groups): no swaps, which cost as many
+// instructions per element as the compares. The bytes compare as fp16 numbers
+// (all finite and non-negative), two per instruction.
 #pragma once
+
+#include <type_traits>
 
 #include <cute/tensor.hpp>
 
@@ -62,18 +70,29 @@ __device__ __forceinline__ uint32_t keep_halves(uint32_t word, uint32_t threshol
   return mask;
 }
 
-// Traits: the family's accumulator facts (kPairedRowStride, kUnitLanes).
+template <typename Traits, typename = void>
+struct DropoutLaneUnits : std::false_type {};
+template <typename Traits>
+struct DropoutLaneUnits<Traits, std::void_t<decltype(Traits::kDropoutLaneUnits)>>
+    : std::bool_constant<Traits::kDropoutLaneUnits> {};
+
+// Traits: the family's accumulator facts (kPairedRowStride, kUnitLanes,
+// kDropoutLaneUnits where set).
 template <typename Traits>
 struct Dropout {
+  static constexpr bool kLaneUnits = DropoutLaneUnits<Traits>::value;
   static constexpr int kRowStride = Traits::kPairedRowStride;
   static constexpr unsigned kLaneMask = Traits::kUnitLanes;
   static constexpr int kLanes = kLaneMask == 0x3 ? 4 : 2;  // lanes sharing a unit
   static constexpr int kPairsPerGroup = 4 / kLanes;        // column pairs a lane holds of 8 columns
   uint64_t counter_base;
   uint32_t threshold, dither;
+  uint32_t thresholds2[kLaneUnits ? 8 : 1];  // lane units: FwdParams::dropout_thresholds2
 
   __device__ Dropout(const FwdParams& p, int batch, int head)
       : threshold(p.dropout_threshold), dither(p.dropout_dither) {
+    CUTE_UNROLL
+    for (int i = 0; i < (kLaneUnits ? 8 : 1); ++i) thresholds2[i] = p.dropout_thresholds2[i];
     set_head(p, batch, head);
   }
 
@@ -105,6 +124,31 @@ struct Dropout {
     auto row_pair = [&](int u) { return row_pair0 + uint32_t(get<0>(coords0(2 * (u / kGroups), 0))) / 2; };
     auto group = [&](int u) { return group0 + uint32_t(get<1>(coords0(0, kGroupCols * (u % kGroups)))) / 8; };
     const int lane = threadIdx.x % 32;
+    auto call = [&](uint32_t g, uint32_t r) {
+      return philox4x32_7(make_uint4(g, r, uint32_t(counter_base), uint32_t(counter_base >> 32)));
+    };
+    if constexpr (kLaneUnits) {
+      // A lane's groups are consecutive and start at a multiple of 4 (its warp's
+      // runs of columns are multiples of 32 long), so span u of row pair p is
+      // groups 4u..4u + 3 of the lane's, and word c of its call is group 4u + c.
+      static_assert(kLanes == 4 && kGroups % 4 == 0, "lane units need runs of 32 columns per lane");
+      const uint32_t q = uint32_t(lane & 3);
+      CUTE_UNROLL
+      for (int p = 0; p < kRows / 2; ++p) {
+        CUTE_UNROLL
+        for (int u = 0; u < kGroups / 4; ++u) {
+          const uint4 x = call(group(p * kGroups + 4 * u) + q, row_pair(p * kGroups));
+          const uint32_t w[4] = {x.x, x.y, x.z, x.w};
+          CUTE_UNROLL
+          for (int c = 0; c < 4; ++c) {
+            const int col = kGroupCols * (4 * u + c);
+            fn(2 * p, col, keep_halves<0x4140>(w[c], thresholds2[2 * c]));
+            fn(2 * p + 1, col, keep_halves<0x4342>(w[c], thresholds2[2 * c + 1]));
+          }
+        }
+      }
+      return;
+    }
     const int rank = kLanes == 4 ? lane & 3 : (lane >> 1) & 1;  // this lane's place in its unit's lanes
     // The unit a lane computes in block b is b * L + rank, of row pair (b * L +
     // rank) / kGroups and group (b * L + rank) % kGroups (L and kGroups are powers
@@ -131,9 +175,6 @@ struct Dropout {
       const int r = 2 * (u / kGroups), c = kGroupCols * (u % kGroups) + 2 * pair;
       fn(r, c, keep_halves<0x4140>(word, threshold2[pair][0]));
       fn(r + 1, c, keep_halves<0x4342>(word, threshold2[pair][1]));
-    };
-    auto call = [&](uint32_t g, uint32_t r) {
-      return philox4x32_7(make_uint4(g, r, uint32_t(counter_base), uint32_t(counter_base >> 32)));
     };
     constexpr int kBlocks = kUnits / kLanes;
     CUTE_UNROLL
