@@ -101,6 +101,56 @@ struct Dropout {
                    uint64_t(head);
   }
 
+  // Lane units: the Philox words of this lane's elements of the (rows, cols) view
+  // (for_each_mask's arguments), word p * G + g of row pair p and 8-column group g
+  // (G groups; the lane holds 2 columns of each: kWords = rows / 2 * cols / 2). Made ahead of their compares (for_each_mask_of_words): they depend
+  // on coordinates only, so they can be made while the tensor cores multiply.
+  template <typename Coords, typename Coords0, int kWords>
+  __device__ __forceinline__ void make_words(const Coords& coords, const Coords0& coords0, int m0, int n0,
+                                             uint32_t (&words)[kWords]) const {
+    constexpr int kRows = decltype(size<0>(coords0))::value;
+    constexpr int kGroups = decltype(size<1>(coords0))::value / 2;
+    static_assert(kLaneUnits && kWords == kRows / 2 * kGroups);
+    // A lane's groups are consecutive and start at a multiple of 4 (its warp's
+    // runs of columns are multiples of 32 long), so span u of row pair p is
+    // groups 4u..4u + 3 of the lane's, and word c of its call is group 4u + c.
+    static_assert(kLanes == 4 && kGroups % 4 == 0, "lane units need runs of 32 columns per lane");
+    const uint32_t row = uint32_t(m0 + int(get<0>(coords(0, 0))));
+    const uint32_t row_pair0 = row / (2 * kRowStride) * kRowStride + row % kRowStride;
+    const uint32_t group0 = uint32_t(n0 + int(get<1>(coords(0, 0)))) >> 3;
+    const uint32_t q = threadIdx.x % 4;
+    CUTE_UNROLL
+    for (int p = 0; p < kRows / 2; ++p) {
+      const uint32_t row_pair = row_pair0 + uint32_t(get<0>(coords0(2 * p, 0))) / 2;
+      CUTE_UNROLL
+      for (int u = 0; u < kGroups / 4; ++u) {
+        const uint32_t group = group0 + uint32_t(get<1>(coords0(0, 2 * 4 * u))) / 8;
+        const uint4 x = philox4x32_7(make_uint4(group + q, row_pair, uint32_t(counter_base), uint32_t(counter_base >> 32)));
+        words[p * kGroups + 4 * u + 0] = x.x;
+        words[p * kGroups + 4 * u + 1] = x.y;
+        words[p * kGroups + 4 * u + 2] = x.z;
+        words[p * kGroups + 4 * u + 3] = x.w;
+      }
+    }
+  }
+
+  // Lane units: for_each_mask's calls of fn from the words make_words made.
+  template <typename Coords0, int kWords, typename Fn>
+  __device__ __forceinline__ void for_each_mask_of_words(const Coords0& coords0, const uint32_t (&words)[kWords],
+                                                         Fn&& fn) const {
+    constexpr int kRows = decltype(size<0>(coords0))::value;
+    constexpr int kGroups = decltype(size<1>(coords0))::value / 2;
+    CUTE_UNROLL
+    for (int p = 0; p < kRows / 2; ++p) {
+      CUTE_UNROLL
+      for (int g = 0; g < kGroups; ++g) {
+        const uint32_t w = words[p * kGroups + g];
+        fn(2 * p, 2 * g, keep_halves<0x4140>(w, thresholds2[2 * (g % 4)]));
+        fn(2 * p + 1, 2 * g, keep_halves<0x4342>(w, thresholds2[2 * (g % 4) + 1]));
+      }
+    }
+  }
+
   // Calls fn(r, c, mask) for every pair of elements (r, c), (r, c + 1), c even, of
   // a (rows, cols) accumulator view: mask's low half is 0xFFFF if (r, c) is kept,
   // its high half if (r, c + 1) is. coords / coords0: the (rows, cols) views of
@@ -115,6 +165,12 @@ struct Dropout {
     static_assert(kRows % 2 == 0 && kCols % kGroupCols == 0, "rows come in pairs (i, i + s), columns in groups");
     constexpr int kGroups = kCols / kGroupCols;
     constexpr int kUnits = kRows / 2 * kGroups;  // (row pair, 8-column group) units of this lane
+    if constexpr (kLaneUnits) {
+      uint32_t words[kUnits];
+      make_words(coords, coords0, m0, n0, words);
+      for_each_mask_of_words(coords0, words, fn);
+      return;
+    }
     // A lane's first row is the lower of a pair and its first column in its group's
     // first 8: thread 0's offsets (multiples of 2s rows and of 8 columns) then step
     // the row pair and the group linearly.
@@ -127,28 +183,6 @@ struct Dropout {
     auto call = [&](uint32_t g, uint32_t r) {
       return philox4x32_7(make_uint4(g, r, uint32_t(counter_base), uint32_t(counter_base >> 32)));
     };
-    if constexpr (kLaneUnits) {
-      // A lane's groups are consecutive and start at a multiple of 4 (its warp's
-      // runs of columns are multiples of 32 long), so span u of row pair p is
-      // groups 4u..4u + 3 of the lane's, and word c of its call is group 4u + c.
-      static_assert(kLanes == 4 && kGroups % 4 == 0, "lane units need runs of 32 columns per lane");
-      const uint32_t q = uint32_t(lane & 3);
-      CUTE_UNROLL
-      for (int p = 0; p < kRows / 2; ++p) {
-        CUTE_UNROLL
-        for (int u = 0; u < kGroups / 4; ++u) {
-          const uint4 x = call(group(p * kGroups + 4 * u) + q, row_pair(p * kGroups));
-          const uint32_t w[4] = {x.x, x.y, x.z, x.w};
-          CUTE_UNROLL
-          for (int c = 0; c < 4; ++c) {
-            const int col = kGroupCols * (4 * u + c);
-            fn(2 * p, col, keep_halves<0x4140>(w[c], thresholds2[2 * c]));
-            fn(2 * p + 1, col, keep_halves<0x4342>(w[c], thresholds2[2 * c + 1]));
-          }
-        }
-      }
-      return;
-    }
     const int rank = kLanes == 4 ? lane & 3 : (lane >> 1) & 1;  // this lane's place in its unit's lanes
     // The unit a lane computes in block b is b * L + rank, of row pair (b * L +
     // rank) / kGroups and group (b * L + rank) % kGroups (L and kGroups are powers
@@ -229,6 +263,13 @@ struct Dropout {
                                                      int m0, int n0) const {
     for_each_mask(coords, coords0, m0, n0,
                   [&](int r, int c, uint32_t keep) { reinterpret_cast<uint32_t&>(p_rc(r, c)) &= keep; });
+  }
+  // The same with the words make_words made (lane units).
+  template <typename ProbsRowCol, typename Coords0, int kWords>
+  __device__ __forceinline__ void drop_probabilities(ProbsRowCol&& p_rc, const Coords0& coords0,
+                                                     const uint32_t (&words)[kWords]) const {
+    for_each_mask_of_words(coords0, words,
+                           [&](int r, int c, uint32_t keep) { reinterpret_cast<uint32_t&>(p_rc(r, c)) &= keep; });
   }
 };
 

@@ -86,6 +86,18 @@ __global__ void __launch_bounds__(Traits::kCtaThreads, 1)
   // tile's warpgroups see the same blocks, and the d128/d256 loops lost 4-9% to
   // the extra loop state (d256 spilled 112-216 B).
   constexpr bool kWarpgroupKeyRanges = Traits::kConsumerWarpgroups == 3;
+  // Dropout in lane units under the softmax-P V overlap: a block's Philox words are
+  // made with its exponentials, while the previous block's P V multiplies, and
+  // only their compares wait for it (16 words per thread). Up to d64 only: there
+  // +8% forward with dropout, at d128 -1% (-2 to -4% at 512 tokens; H100).
+  // -DFLASHATTN_SM90_DROPOUT_WORDS_IN_PLACE makes them where they are used, to
+  // compare.
+#if defined(FLASHATTN_SM90_DROPOUT_WORDS_IN_PLACE)
+  constexpr bool kDropoutWordsAhead = false;
+#else
+  constexpr bool kDropoutWordsAhead =
+      kDropout && Dropout<Traits>::kLaneUnits && Traits::kOverlapSoftmax && Traits::kHeadDim <= 64;
+#endif
   // Sm90FwdWsTraits::kQStages reserves the output's own tile beside a second Q stage.
   static_assert(Traits::kQStages == 1 || kOwnOutputTile);
   constexpr int kBlockM = Traits::kBlockM;
@@ -345,6 +357,8 @@ __global__ void __launch_bounds__(Traits::kCtaThreads, 1)
       Tensor acc_s_rc = make_tensor(acc_s.data(), Traits::rowcol(acc_s.layout()));
       Tensor rP = make_tensor_like<Element>(acc_s);
       Tensor tOrP = make_tensor(rP.data(), Traits::c_to_a(rP.layout()));
+      constexpr int kDropWords = decltype(size<0>(tScS0_rc))::value / 2 * (decltype(size<1>(tScS0_rc))::value / 2);
+      uint32_t drop_words[kDropoutWordsAhead ? kDropWords : 1];  // of the block exponentiate made last
       // S = Q K^T of the key block in `stage`, issued into acc_s.
       auto issue_s = [&](const StageState& stage) {
         pipeline_k.consumer_wait(stage);
@@ -369,6 +383,7 @@ __global__ void __launch_bounds__(Traits::kCtaThreads, 1)
         }
         if (mask.tile_needs_mask(m0, kBlockM, n0, kBlockN)) mask.apply(acc_s, tScS, tScS0, m0, n0);
         softmax.exponentiate(acc_s_rc, params.score_scale_log2, correction);
+        if constexpr (kDropoutWordsAhead) dropout.make_words(tScS_rc, tScS0_rc, m0, n0, drop_words);
       };
       // The output rescaled, and acc_s's probabilities into rP, the 16-bit A
       // operand of O += P V (whole registers: an element-wise copy into a
@@ -377,7 +392,9 @@ __global__ void __launch_bounds__(Traits::kCtaThreads, 1)
       auto to_operand = [&](int n_block) {
         softmax.rescale(acc_o_rc, correction);
         convert_fragment_into(acc_s, rP);
-        if constexpr (kDropout) {
+        if constexpr (kDropoutWordsAhead) {
+          dropout.drop_probabilities(make_tensor(rP.data(), Traits::rowcol(rP.layout())), tScS0_rc, drop_words);
+        } else if constexpr (kDropout) {
           dropout.drop_probabilities(make_tensor(rP.data(), Traits::rowcol(rP.layout())), tScS_rc, tScS0_rc, m0,
                                      n_block * kBlockN);
         }
