@@ -103,8 +103,9 @@ struct Dropout {
 
   // Lane units: the Philox words of this lane's elements of the (rows, cols) view
   // (for_each_mask's arguments), word p * G + g of row pair p and 8-column group g
-  // (G groups; the lane holds 2 columns of each: kWords = rows / 2 * cols / 2). Made ahead of their compares (for_each_mask_of_words): they depend
-  // on coordinates only, so they can be made while the tensor cores multiply.
+  // (G groups; the lane holds 2 columns of each: kWords = rows / 2 * cols / 2).
+  // Made ahead of their compares (for_each_mask_of_words): they depend on
+  // coordinates only, so they can be made while the tensor cores multiply.
   template <typename Coords, typename Coords0, int kWords>
   __device__ __forceinline__ void make_words(const Coords& coords, const Coords0& coords0, int m0, int n0,
                                              uint32_t (&words)[kWords]) const {
@@ -125,7 +126,8 @@ struct Dropout {
       CUTE_UNROLL
       for (int u = 0; u < kGroups / 4; ++u) {
         const uint32_t group = group0 + uint32_t(get<1>(coords0(0, 2 * 4 * u))) / 8;
-        const uint4 x = philox4x32_7(make_uint4(group + q, row_pair, uint32_t(counter_base), uint32_t(counter_base >> 32)));
+        const uint4 x =
+            philox4x32_7(make_uint4(group + q, row_pair, uint32_t(counter_base), uint32_t(counter_base >> 32)));
         words[p * kGroups + 4 * u + 0] = x.x;
         words[p * kGroups + 4 * u + 1] = x.y;
         words[p * kGroups + 4 * u + 2] = x.z;
