@@ -154,9 +154,12 @@ def dropout_keep_mask(
 ) -> torch.Tensor:
     """Bool (batch, heads, seqlen_q, seqlen_k): the CUDA kernels' dropout mask (True =
     kept) for rng_state = int64 [seed, offset], bit for bit (include/flashattn/kernel/
-    dropout.h defines it), with the kernel family's ``dropout_units``. Computed on
+    dropout.h defines it), with the kernel family's ``dropout_units`` (an int is a
+    row stride without lane units, as this argument was before). Computed on
     rng_state's device, without reading it on the host (so it can be captured in a
     CUDA graph)."""
+    if isinstance(dropout_units, int):
+        dropout_units = DropoutUnits(dropout_units)
     dev = rng_state.device
     s = dropout_units.paired_row_stride
     i = torch.arange(seqlen_q, device=dev)
