@@ -677,10 +677,13 @@ std::optional<Tensor> plan_splits(FwdParams& p, const FwdKernelEntry& kernel, in
                                    : choose_num_splits(tiles, key_blocks, p.num_sms);
   if (splits <= 1) return std::nullopt;
   const int64_t rows = int64_t(p.batch) * p.heads * p.seqlen_q;
-  Tensor accum = new_tensor(q, {splits * rows * (p.head_dim + 1)}, ScalarType::Float);
+  // out_accum is read and written in 16-byte vectors: it starts at a multiple of 4
+  // floats past lse_accum (splits * rows need not be one: b = h = s_q = 1).
+  const int64_t lse_floats = (splits * rows + 3) / 4 * 4;
+  Tensor accum = new_tensor(q, {lse_floats + splits * rows * p.head_dim}, ScalarType::Float);
   p.num_splits = splits;
   p.lse_accum = static_cast<float*>(accum.data_ptr());
-  p.out_accum = p.lse_accum + splits * rows;
+  p.out_accum = p.lse_accum + lse_floats;
   p.kv_cache = true;
   return accum;
 }

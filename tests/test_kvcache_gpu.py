@@ -197,6 +197,10 @@ def test_kvcache_splits(family, dtype, num_splits):
     # Long caches, b = 1: the heuristic splits; forced counts must agree with it.
     Case(family, dtype, b=2, h=16, h_k=4, s_cache=3000, s_new=1, num_splits=num_splits, page=64).run()
     Case(family, dtype, b=1, s_q=4, h=8, h_k=8, s_cache=2000, s_new=4, causal=True, num_splits=num_splits).run()
+    # One and three rows in all (b = h_k = s_q = 1): the split workspace's lse part
+    # is not a multiple of 16 bytes (flash_attn's paged tests: b = h = 1).
+    Case(family, dtype, b=1, h=1, h_k=1, s_cache=700, s_new=1, seqlens=600, num_splits=num_splits, page=256).run()
+    Case(family, dtype, b=1, h=3, h_k=1, s_cache=1500, seqlens=1400, num_splits=num_splits).run()
 
 
 @pytest.mark.parametrize("rotary_dim", [16, 32, 64])
@@ -228,7 +232,10 @@ def test_decode_through_flash_attn_func(family, dtype):
     # s_q = 1 over a long cache: GQA packing and split-KV in the plain forward.
     fam = require(family, dtype, 128)
     g = torch.Generator("cuda").manual_seed(3)
-    for b, s_k, h, h_k, causal in ((1, 4096, 32, 8, True), (8, 2048, 32, 8, False), (2, 777, 8, 8, True)):
+    # (1, 4096, 1, 1) and (1, 3000, 3, 1): split-KV over 1 and 3 rows, whose partial
+    # lse values fill no whole 16 bytes before the partial outputs.
+    for b, s_k, h, h_k, causal in ((1, 4096, 32, 8, True), (8, 2048, 32, 8, False), (2, 777, 8, 8, True),
+                                   (1, 4096, 1, 1, False), (1, 3000, 3, 1, True)):
         q = torch.randn(b, 1, h, 128, generator=g, device="cuda", dtype=dtype)
         k = torch.randn(b, s_k, h_k, 128, generator=g, device="cuda", dtype=dtype)
         v = torch.randn(b, s_k, h_k, 128, generator=g, device="cuda", dtype=dtype)
