@@ -90,6 +90,20 @@ def test_kvpacked_equals_unpacked():
     torch.testing.assert_close(kv.grad, torch.stack([k.grad, v.grad], dim=2))
 
 
+def test_window_size_of_any_integer_pair():
+    # flash_attn takes any pair of integers; its tests draw torch.randint(0, s_k, (2,)).
+    q, k, v = (rand(1, 9, 2, 16, seed=s) for s in range(3))
+    want = flash_attn_func(q, k, v, window_size=(3, 1))
+    for pair in ([3, 1], torch.tensor([3, 1]), (torch.tensor(3), 1)):
+        assert torch.equal(flash_attn_func(q, k, v, window_size=pair), want)
+    cu = torch.tensor([0, 9], dtype=torch.int32)
+    out = flashattn.flash_attn_varlen_func(q[0], k[0], v[0], cu, cu, 9, 9, window_size=torch.tensor([3, 1]))
+    torch.testing.assert_close(out, want[0])
+    for bad in (torch.tensor([3.0, 1.0]), torch.tensor(3), (1, 2, 3)):
+        with pytest.raises(flashattn.FlashAttnError, match="window_"):
+            flash_attn_func(q, k, v, window_size=bad)
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
 def test_low_precision_inputs_on_cpu(dtype):
     q, k, v = (rand(1, 6, 2, 16, dtype=dtype, seed=s) for s in range(3))

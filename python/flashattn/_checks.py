@@ -9,6 +9,7 @@ compiled kernels) whose text says what is wrong and how to fix it.
 from __future__ import annotations
 
 import math
+import operator
 
 import torch
 
@@ -514,12 +515,31 @@ def check_packed_varlen(name: str, t, count: int, layout: str) -> None:
 
 
 def check_window_size(window_size) -> tuple:
-    if not isinstance(window_size, (tuple, list)) or len(window_size) != 2:
+    """(left, right) as ints. Any pair of integers is taken, as flash_attn takes it:
+    a tuple or list, or a 2-element integer tensor (flash_attn's own tests draw
+    windows with torch.randint(0, s_k, (2,)))."""
+    if type(window_size) is tuple and len(window_size) == 2 and type(window_size[0]) is int \
+            and type(window_size[1]) is int:
+        return window_size
+    try:
+        left, right = window_size
+    except (TypeError, ValueError):
         _fail(
             f"window_size must be a pair (left, right) of ints >= -1, got {window_size!r}"
             " — (-1, -1) turns local attention off"
         )
-    return tuple(window_size)
+    return _as_index(left), _as_index(right)
+
+
+def _as_index(w):
+    """w as an int where it is an integer (an int, a 0-dim integer tensor, a numpy
+    integer), else unchanged for _check_scalars to name."""
+    if isinstance(w, bool) or (isinstance(w, torch.Tensor) and w.is_floating_point()):
+        return w
+    try:
+        return operator.index(w)
+    except TypeError:
+        return w
 
 
 def check_bwd(
