@@ -200,8 +200,12 @@ def test_varlen_cache_is_forward_only():
     k = torch.randn(2, 4, 2, 16)
     cu = torch.tensor([0, 3], dtype=torch.int32)
     table = torch.tensor([[1, 0]], dtype=torch.int32)
+    # With inputs that require grad the forward runs (flash_attn's tests call it so);
+    # a backward through it names the limit.
+    out = flashattn.flash_attn_varlen_func(q, k, k, cu, cu, 3, 8, block_table=table)
+    assert out.requires_grad
     with pytest.raises(flashattn.FlashAttnError, match="forward only"):
-        flashattn.flash_attn_varlen_func(q, k, k, cu, cu, 3, 8, block_table=table)
+        out.sum().backward()
     with torch.no_grad():
         out = flashattn.flash_attn_varlen_func(q, k, k, cu, cu, 3, 8, block_table=table,
                                                seqused_k=torch.tensor([6], dtype=torch.int32))

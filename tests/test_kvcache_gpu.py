@@ -191,6 +191,32 @@ def test_kvcache(family, dtype, d, case):
         Case(family, dtype, d=d, seqlens=seqlens, **opts).run()
 
 
+@pytest.mark.parametrize("case", ["append5_causal_gqa", "paged16", "decode"])
+@pytest.mark.parametrize("d", [40, 59])
+@pytest.mark.parametrize("family, dtype", FAMILY_DTYPES)
+def test_kvcache_head_dim_not_multiple_of_8(family, dtype, d, case):
+    # The public function runs these on padded copies of q and the caches and writes
+    # the appended rows back: the caches must end as the reference's, in place.
+    Case(family, dtype, d=d, **CASES[case]).run()
+    Case(family, dtype, d=d, s_new=2, s_q=2, causal=True, rotary_dim=32, interleaved=False).run()
+
+
+def test_pages_must_hold_the_keys():
+    # max(cache_seqlens) + s_new past what block_table addresses would make the kernels
+    # read block_table past its columns: flash_attn 2.x raises, and so does this.
+    dtype = torch.float16
+    q = torch.randn(2, 1, 4, 64, device="cuda", dtype=dtype)
+    pages = torch.randn(6, 16, 2, 64, device="cuda", dtype=dtype)
+    table = torch.tensor([[0, 1], [2, 3]], dtype=torch.int32, device="cuda")  # 32 keys per sequence
+    new = torch.randn(2, 1, 2, 64, device="cuda", dtype=dtype)
+    full = torch.tensor([32, 5], dtype=torch.int32, device="cuda")
+    flashattn.flash_attn_with_kvcache(q, pages, pages.clone(), cache_seqlens=full, block_table=table)  # fits
+    with pytest.raises(RuntimeError, match="block_table addresses 2 pages of 16 = 32"):
+        flashattn.flash_attn_with_kvcache(q, pages, pages.clone(), new, new, cache_seqlens=full, block_table=table)
+    with pytest.raises(RuntimeError, match="block_table"):
+        flashattn.flash_attn_with_kvcache(q, pages, pages.clone(), cache_seqlens=full + 1, block_table=table)
+
+
 @pytest.mark.parametrize("num_splits", [1, 2, 7, 0])
 @pytest.mark.parametrize("family, dtype", FAMILY_DTYPES)
 def test_kvcache_splits(family, dtype, num_splits):

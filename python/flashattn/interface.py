@@ -550,11 +550,8 @@ def _varlen_cache_attention(
     """flash_attn_varlen_func over a KV cache (block_table pages, seqused_k): forward only."""
     if dropout_p:
         fail("dropout_p must be 0 with block_table or seqused_k (a KV cache is read for inference, forward only)")
-    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v) if isinstance(t, torch.Tensor)):
-        fail(
-            "block_table / seqused_k is forward only (no gradients through a KV cache) — call it under"
-            " torch.no_grad() or pass detached tensors"
-        )
+    needs_grad = [t for t in (q, k, v) if isinstance(t, torch.Tensor) and t.requires_grad]
+    needs_grad = needs_grad if torch.is_grad_enabled() else []
     window_left, window_right = check_window_size(window_size)
     max_seqlen_q, max_seqlen_k = _as_int(max_seqlen_q), _as_int(max_seqlen_k)
     check_varlen_cache(
@@ -571,7 +568,25 @@ def _varlen_cache_attention(
     )
     if pad:
         out = out[..., :head_dim]
+    if needs_grad:
+        out = _ForwardOnly.apply(out, *needs_grad)
     return (out, lse, None) if return_attn_probs else out
+
+
+class _ForwardOnly(torch.autograd.Function):
+    """The output of a KV cache read with inputs that require grad: the forward
+    runs (as flash_attn's does); a backward through it raises."""
+
+    @staticmethod
+    def forward(ctx, out, *inputs):
+        return out.view_as(out)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        fail(
+            "no backward through block_table / seqused_k: a KV cache is read forward only — detach the"
+            " output, or pass k/v without block_table and seqused_k to train"
+        )
 
 
 def flash_attn_varlen_func(
@@ -717,8 +732,9 @@ def flash_attn_with_kvcache(
     sequence i to cache row cache_batch_idx[i]; cache_leftpad (b,) int32 hides each
     sequence's first keys. causal/window/softcap/alibi_slopes as flash_attn_func, with
     s_k = cache_seqlens[i] + s_new. num_splits: 0 chooses the split-KV count from the
-    GPU and the work, n >= 1 forces it. The head dim must be a multiple of 8 on the
-    GPU (a cache cannot be padded in place).
+    GPU and the work, n >= 1 forces it. On the GPU, a head dim that is not a
+    multiple of 8 runs on zero-padded copies of q and the caches (the appended rows
+    copied back): as flash_attn, correct but a copy of the caches per call.
 
     Returns out (b, s_q, h, d), or (out, softmax_lse (b, h, s_q) fp32) with
     return_softmax_lse.
@@ -729,12 +745,25 @@ def flash_attn_with_kvcache(
         cache_seqlen, cache_seqlens = int(cache_seqlens), None
     if softmax_scale is None:
         softmax_scale = 1.0 / math.sqrt(q.shape[-1])
+    head_dim, caches = q.shape[-1], None
     if q.is_cuda:
         # The op checks everything itself, in C++: only what it cannot take is fixed here.
         family = _dispatch.cuda_family_and_head_dims(q.device, q.dtype, family)[0]
+        if head_dim % HEAD_DIM_MULTIPLE and _same_head_dim(head_dim, k_cache, v_cache, k, v):
+            # The kernels take head dims in multiples of 8. As flash_attn does, run
+            # on zero-padded copies of q and the caches, and write the caches'
+            # copies back where keys were appended: correct, but every call copies
+            # the caches.
+            pad = -head_dim % HEAD_DIM_MULTIPLE
+            caches = (k_cache, v_cache)
+            q, k_cache, v_cache = (F.pad(t, (0, pad)) for t in (q, k_cache, v_cache))
+            if k is not None:
+                k, v = F.pad(k, (0, pad)), F.pad(v, (0, pad))
         q = aligned_for_kernels(q)
         if k is not None:
             k, v = aligned_for_kernels(k), aligned_for_kernels(v)
+        if block_table is not None:
+            _check_pages_hold_keys(k_cache, k, cache_seqlens, block_table)
     else:
         check_kvcache(
             q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_seqlen, cache_batch_idx,
@@ -754,4 +783,37 @@ def flash_attn_with_kvcache(
             out, lse = _fwd_kvcache_op(*args)
     else:
         out, lse = _fwd_kvcache_op(*args)
+    if caches is not None:
+        out = out[..., :head_dim]
+        if k is not None:
+            caches[0].copy_(k_cache[..., :head_dim])
+            caches[1].copy_(v_cache[..., :head_dim])
     return (out, lse) if return_softmax_lse else out
+
+
+def _check_pages_hold_keys(k_cache, k, cache_seqlens, block_table):
+    """That block_table addresses every sequence's keys (cached + appended): else the
+    kernels would read block_table past its columns. It reads cache_seqlens back from
+    the GPU (one sync per call with pages, as flash_attn 2.x does), so not while a
+    CUDA graph is being captured, where the caller's sizes are trusted."""
+    if not (isinstance(cache_seqlens, torch.Tensor) and cache_seqlens.numel() and isinstance(block_table, torch.Tensor)
+            and block_table.dim() == 2 and isinstance(k_cache, torch.Tensor) and k_cache.dim() == 4):
+        return  # an int cache_seqlens is checked by the op; malformed inputs are named by it
+    if torch.cuda.is_current_stream_capturing():
+        return
+    s_new = k.shape[1] if isinstance(k, torch.Tensor) and k.dim() == 4 else 0
+    capacity = block_table.shape[1] * k_cache.shape[1]
+    longest = int(cache_seqlens.max()) + s_new
+    if longest > capacity:
+        fail(
+            f"max(cache_seqlens){' + s_new' if s_new else ''} = {longest} keys, but block_table addresses"
+            f" {block_table.shape[1]} pages of {k_cache.shape[1]} = {capacity} per sequence — give block_table"
+            " more columns (pages)"
+        )
+
+
+def _same_head_dim(head_dim, *tensors):
+    """Whether every given tensor (None: absent) has last dim head_dim: only then is
+    padding them safe (else the op names the mismatch)."""
+    return all(t is None or (isinstance(t, torch.Tensor) and t.dim() > 0 and t.shape[-1] == head_dim)
+               for t in tensors)
