@@ -1,0 +1,1 @@
+from flashattn.bert_padding import *  # noqa: F401,F403
