@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from _gpu import call_kernel
 from _standard import FWD_FACTOR, assert_lse, assert_standard
-from flashattn import reference
+from flashattn import _dispatch, reference
 from test_fwd_gpu import FAMILY_DTYPES, require
 
 pytestmark = pytest.mark.gpu
@@ -361,17 +361,23 @@ def test_decode_loop_in_a_cuda_graph():
     assert torch.equal(k_cache, k_eager) and torch.equal(v_cache, v_eager)
 
 
-def test_kvcache_compiles_fullgraph():
-    require("sm80", torch.bfloat16, 64)
+@pytest.mark.parametrize("paged, d", [(False, 64), (True, 64), (False, 40)])
+def test_kvcache_compiles_fullgraph(paged, d):
+    # On the device's own family; with pages (whose bounds check reads cache_seqlens
+    # back in eager mode only) and with a head dim the public function pads.
+    major, minor = torch.cuda.get_device_capability()
+    require(f"sm{_dispatch.family_for_capability((major, minor), torch.cuda.get_device_name())}", torch.bfloat16, d)
     g = torch.Generator("cuda").manual_seed(2)
-    q = torch.randn(2, 1, 8, 64, generator=g, device="cuda", dtype=torch.bfloat16)
-    k_cache = torch.randn(2, 64, 2, 64, generator=g, device="cuda", dtype=torch.bfloat16)
+    q = torch.randn(2, 1, 8, d, generator=g, device="cuda", dtype=torch.bfloat16)
+    k_cache = torch.randn(2, 64, 2, d, generator=g, device="cuda", dtype=torch.bfloat16)
     v_cache = torch.randn_like(k_cache)
-    k, v = (torch.randn(2, 1, 2, 64, generator=g, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    k, v = (torch.randn(2, 1, 2, d, generator=g, device="cuda", dtype=torch.bfloat16) for _ in range(2))
     seqlens = torch.tensor([5, 30], dtype=torch.int32, device="cuda")
+    table = torch.tensor([[1], [0]], dtype=torch.int32, device="cuda") if paged else None
 
     def fn(q, k_cache, v_cache, k, v, seqlens):
-        return flashattn.flash_attn_with_kvcache(q, k_cache, v_cache, k, v, cache_seqlens=seqlens, causal=True)
+        return flashattn.flash_attn_with_kvcache(q, k_cache, v_cache, k, v, cache_seqlens=seqlens, causal=True,
+                                                 block_table=table)
 
     kc_eager, vc_eager = k_cache.clone(), v_cache.clone()
     eager = fn(q, kc_eager, vc_eager, k, v, seqlens)

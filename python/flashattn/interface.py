@@ -795,11 +795,12 @@ def _check_pages_hold_keys(k_cache, k, cache_seqlens, block_table):
     """That block_table addresses every sequence's keys (cached + appended): else the
     kernels would read block_table past its columns. It reads cache_seqlens back from
     the GPU (one sync per call with pages, as flash_attn 2.x does), so not while a
-    CUDA graph is being captured, where the caller's sizes are trusted."""
+    CUDA graph is being captured or torch.compile traces (a data-dependent value
+    would break the graph), where the caller's sizes are trusted."""
     if not (isinstance(cache_seqlens, torch.Tensor) and cache_seqlens.numel() and isinstance(block_table, torch.Tensor)
             and block_table.dim() == 2 and isinstance(k_cache, torch.Tensor) and k_cache.dim() == 4):
         return  # an int cache_seqlens is checked by the op; malformed inputs are named by it
-    if torch.cuda.is_current_stream_capturing():
+    if torch.compiler.is_compiling() or torch.cuda.is_current_stream_capturing():
         return
     s_new = k.shape[1] if isinstance(k, torch.Tensor) and k.dim() == 4 else 0
     capacity = block_table.shape[1] * k_cache.shape[1]
