@@ -192,13 +192,30 @@ def test_kvcache(family, dtype, d, case):
 
 
 @pytest.mark.parametrize("case", ["append5_causal_gqa", "paged16", "decode"])
-@pytest.mark.parametrize("d", [40, 59])
+@pytest.mark.parametrize("d", [44, 59])
 @pytest.mark.parametrize("family, dtype", FAMILY_DTYPES)
 def test_kvcache_head_dim_not_multiple_of_8(family, dtype, d, case):
     # The public function runs these on padded copies of q and the caches and writes
     # the appended rows back: the caches must end as the reference's, in place.
     Case(family, dtype, d=d, **CASES[case]).run()
     Case(family, dtype, d=d, s_new=2, s_q=2, causal=True, rotary_dim=32, interleaved=False).run()
+
+
+def test_rotary_wider_than_an_unpadded_head_dim():
+    # d = 44 runs padded to 48: a rotary_dim of 48 must be refused against 44.
+    require(_device_family(), torch.float16, 44)
+    q = torch.randn(1, 1, 2, 44, device="cuda", dtype=torch.float16)
+    cache = torch.randn(1, 16, 2, 44, device="cuda", dtype=torch.float16)
+    new = torch.randn(1, 1, 2, 44, device="cuda", dtype=torch.float16)
+    cos, sin = rotary_tables(16, 48, torch.float16)
+    with pytest.raises(RuntimeError, match="rotary_dim = 48, more than the head dim 44"):
+        flashattn.flash_attn_with_kvcache(q, cache, cache.clone(), new, new, rotary_cos=cos, rotary_sin=sin,
+                                          cache_seqlens=3)
+
+
+def _device_family():
+    major, minor = torch.cuda.get_device_capability()
+    return f"sm{_dispatch.family_for_capability((major, minor), torch.cuda.get_device_name())}"
 
 
 def test_pages_must_hold_the_keys():
@@ -316,8 +333,9 @@ def test_varlen_over_a_cache(family, dtype, page):
 
 def test_decode_loop_in_a_cuda_graph():
     # cache_seqlens on the device, no host sync, no allocation that changes size: a
-    # decode step captured once and replayed must equal eager steps.
-    require("sm80", torch.bfloat16, 128)
+    # decode step captured once and replayed must equal eager steps (on the device's
+    # own family; the eager calls check block_table's bounds, the capture does not).
+    require(_device_family(), torch.bfloat16, 128)
     b, h, h_k, d, s_cache, page = 2, 16, 4, 128, 512, 16
     g = torch.Generator("cuda").manual_seed(9)
     pages = s_cache // page
@@ -361,12 +379,11 @@ def test_decode_loop_in_a_cuda_graph():
     assert torch.equal(k_cache, k_eager) and torch.equal(v_cache, v_eager)
 
 
-@pytest.mark.parametrize("paged, d", [(False, 64), (True, 64), (False, 40)])
+@pytest.mark.parametrize("paged, d", [(False, 64), (True, 64), (False, 44)])
 def test_kvcache_compiles_fullgraph(paged, d):
     # On the device's own family; with pages (whose bounds check reads cache_seqlens
     # back in eager mode only) and with a head dim the public function pads.
-    major, minor = torch.cuda.get_device_capability()
-    require(f"sm{_dispatch.family_for_capability((major, minor), torch.cuda.get_device_name())}", torch.bfloat16, d)
+    require(_device_family(), torch.bfloat16, d)
     g = torch.Generator("cuda").manual_seed(2)
     q = torch.randn(2, 1, 8, d, generator=g, device="cuda", dtype=torch.bfloat16)
     k_cache = torch.randn(2, 64, 2, d, generator=g, device="cuda", dtype=torch.bfloat16)
@@ -394,7 +411,7 @@ def test_kvcache_compiles_fullgraph(paged, d):
     ({"cache_leftpad": "with_pages"}, "cache_leftpad is not supported"),
 ])
 def test_kvcache_errors_on_the_gpu(bad, match):
-    require("sm80", torch.bfloat16, 64)
+    require(_device_family(), torch.bfloat16, 64)
     q = torch.randn(2, 1, 4, 64, device="cuda", dtype=torch.bfloat16)
     k_cache = torch.randn(2, 64, 2, 64, device="cuda", dtype=torch.bfloat16)
     v_cache = torch.randn_like(k_cache)
