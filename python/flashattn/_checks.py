@@ -518,9 +518,10 @@ def check_window_size(window_size) -> tuple:
     """(left, right) as ints. Any pair of integers is taken, as flash_attn takes it:
     a tuple or list, or a 2-element integer tensor (flash_attn's own tests draw
     windows with torch.randint(0, s_k, (2,)))."""
-    if type(window_size) is tuple and len(window_size) == 2 and type(window_size[0]) is int \
+    kind = type(window_size)
+    if (kind is tuple or kind is list) and len(window_size) == 2 and type(window_size[0]) is int \
             and type(window_size[1]) is int:
-        return window_size
+        return window_size if kind is tuple else tuple(window_size)
     try:
         left, right = window_size
     except (TypeError, ValueError):

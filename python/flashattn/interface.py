@@ -756,7 +756,10 @@ def flash_attn_with_kvcache(
             # the caches.
             if isinstance(rotary_cos, torch.Tensor) and rotary_cos.dim() == 2 and 2 * rotary_cos.shape[1] > head_dim:
                 # the op would allow it against the padded head dim and rotate the zeros in
-                fail(f"rotary_cos/sin give rotary_dim = {2 * rotary_cos.shape[1]}, more than the head dim {head_dim}")
+                fail(
+                    f"rotary_cos/sin give rotary_dim = {2 * rotary_cos.shape[1]}, more than the head dim {head_dim}"
+                    " — give them at most head_dim / 2 columns (rotary_dim a multiple of 16, <= the head dim)"
+                )
             pad = -head_dim % HEAD_DIM_MULTIPLE
             caches = (k_cache, v_cache)
             q, k_cache, v_cache = (F.pad(t, (0, pad)) for t in (q, k_cache, v_cache))

@@ -5,7 +5,7 @@
 # re-exports flashattn's functions (this folder), and runs it on the flashattn that
 # Python imports (PYTHONPATH=python for the source tree with a built extension).
 # The full grid is over 500,000 tests: FLASH_ATTN_TESTS_SAMPLE picks a sample
-# (conftest.py; the default below is about 1,600 tests, 5 minutes on an H100);
+# (conftest.py; the default below is about 1,500 tests, 4-5 minutes on an H100);
 # FLASH_ATTN_TESTS_SALT draws another one. Needs einops. Three tests call
 # flash_attn's private C++ bindings (`flash_attn_gpu`, `_flash_attn_varlen_forward`)
 # and are deselected.
