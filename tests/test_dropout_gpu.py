@@ -101,11 +101,13 @@ def read_backward_mask(family, b, s_q, s_k, h, d, state, p):
     return mask
 
 
-@pytest.mark.parametrize("d", [32, 64, 128, 256])
+# 1100 keys at d256: past the length where the sm90 forward switches to its
+# long-sequence tile without dropout.
+@pytest.mark.parametrize("d, s_k", [(32, 700), (64, 700), (128, 700), (256, 700), (256, 1100)])
 @pytest.mark.parametrize("family, dtype", FAMILIES_FP16)
-def test_forward_mask_is_the_reference_mask(family, dtype, d):
+def test_forward_mask_is_the_reference_mask(family, dtype, d, s_k):
     fam = require(family, dtype, d)
-    b, s_q, s_k, h, h_k = 2, 301, 700, 3, 1
+    b, s_q, h, h_k = 2, 301, 3, 1
     state = rng_state(1)
     got = read_forward_mask(fam, b, s_q, s_k, h, h_k, d, state, P)
     want = reference.dropout_keep_mask(state, b, h, s_q, s_k, P, dropout_units(fam))
@@ -188,6 +190,15 @@ def check_dropout(family, dtype, b, s_q, s_k, h, h_k, d, causal=False, window=(-
 @pytest.mark.parametrize("family, dtype", FAMILY_DTYPES)
 def test_forward_backward(family, dtype, d, s_q, s_k, causal):
     check_dropout(family, dtype, 2, s_q, s_k, 4, 4, d, causal=causal)
+
+
+# Above d192 the sm90 forward without dropout runs key blocks of 80 from 1024 keys
+# (2048 under a mask); with dropout, lengths on both sides of that switch.
+@pytest.mark.parametrize("s_q, s_k, causal", [(129, 1100, False), (300, 2100, True), (1, 1300, False)])
+@pytest.mark.parametrize("d", [200, 256])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_sm90_dropout_on_both_sides_of_the_long_tile(dtype, d, s_q, s_k, causal):
+    check_dropout("sm90", dtype, 1, s_q, s_k, 2, 1, d, causal=causal)
 
 
 # The sm90 backward makes a tile's keep masks during the previous tile's products in
