@@ -249,6 +249,28 @@ def test_long_key_blocks(family, dtype, d, case):
     check_forward(q, k, v, fam, **opts)
 
 
+# Scores whose row maximum grows from key block to key block (the kernels walk the
+# keys from the last block): by less and by more than the 2^8 in probability below
+# which the sm90 forward keeps a row's running maximum and skips the output's rescale.
+@pytest.mark.parametrize("growth", ["rising", "falling", "mixed"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("d", [64, 128, 256])
+@pytest.mark.parametrize("family, dtype", FAMILY_DTYPES)
+def test_running_maximum_growth(family, dtype, d, causal, growth):
+    fam = require(family, dtype, d)
+    s = 700
+    q, k, v = make_qkv(2, s, s, 4, 2, d, dtype, seed=29)
+    j = torch.arange(s, device="cuda", dtype=torch.float32)
+    if growth == "mixed":  # a scale per 64 keys, from 0.5 to 12
+        g = torch.Generator("cuda").manual_seed(31)
+        scale = (0.5 + 11.5 * torch.rand((s + 63) // 64, generator=g, device="cuda")).repeat_interleave(64)[:s]
+    else:  # the largest scores 30x the smallest, at the first or the last key
+        scale = 1 + 29 * j / s
+        scale = scale.flip(0) if growth == "falling" else scale
+    k = (k.float() * scale.view(1, s, 1, 1)).to(dtype)
+    check_forward(q, k, v, fam, causal=causal)
+
+
 # ---- the full grid
 
 

@@ -9,7 +9,13 @@
 
 namespace flashattn {
 
-template <int kRows, unsigned kRowShuffleMask>
+// kMaxGrowthLog2 > 0: a row keeps its running maximum until a key block's scores
+// exceed it by more than kMaxGrowthLog2 in log2 units. The probabilities are
+// then relative to a maximum a little below the true one (up to 2^kMaxGrowthLog2,
+// far from any 16-bit or fp32 limit) and the output's correction is exactly 1,
+// so a kernel can skip the rescale (any_rescale). The result is the same: the
+// lse is built from the maximum actually subtracted. 0: the exact maximum.
+template <int kRows, unsigned kRowShuffleMask, int kMaxGrowthLog2 = 0>
 struct OnlineSoftmax {
   float row_max[kRows];
   float row_sum[kRows];  // partial per thread until finalize()
@@ -53,6 +59,9 @@ struct OnlineSoftmax {
     CUTE_UNROLL
     for (int c = 0; c < size<1>(scores); ++c) m = fmaxf(m, scores(r, c));
     m = lane_allreduce<kRowShuffleMask>(m, [](float a, float b) { return fmaxf(a, b); });
+    if constexpr (kMaxGrowthLog2 > 0) {
+      if (row_max[r] != -INFINITY && (m - row_max[r]) * scale_log2 <= float(kMaxGrowthLog2)) m = row_max[r];
+    }
     // A row that has seen only masked keys keeps max -inf: use 0 so that
     // exp2(-inf - 0) = 0 instead of NaN.
     const float m_scaled = m == -INFINITY ? 0.f : m * scale_log2;
@@ -74,6 +83,15 @@ struct OnlineSoftmax {
     row_sum[r] += sum;
   }
 
+  // Whether any lane of the warp has a row whose output needs its correction
+  // (warp-uniform, for a branch around rescale()).
+  __device__ static bool any_rescale(const float (&correction)[kRows]) {
+    bool needed = false;
+    CUTE_UNROLL
+    for (int r = 0; r < kRows; ++r) needed |= correction[r] != 1.f;
+    return __any_sync(0xffffffffu, needed);
+  }
+
   template <typename Out>
   __device__ static void rescale(Out& out, const float (&correction)[kRows]) {
     CUTE_UNROLL
@@ -90,13 +108,14 @@ struct OnlineSoftmax {
   // backward recomputes P = exp2(s * scale_log2 - lse * log2(e)), and with scores
   // in the thousands each extra fp32 rounding of the lse (~1e-4 there) would be
   // a relative error of P.
+  // out_scale: a factor for out on top (dropout's 1 / (1 - p)).
   template <typename Out>
-  __device__ void finalize(Out& out, float scale_log2, float (&lse)[kRows]) {
+  __device__ void finalize(Out& out, float scale_log2, float (&lse)[kRows], float out_scale = 1.f) {
     CUTE_UNROLL
     for (int r = 0; r < kRows; ++r) {
       const float sum = lane_allreduce<kRowShuffleMask>(row_sum[r], [](float a, float b) { return a + b; });
       const bool empty = sum == 0.f || sum != sum;
-      const float inv = empty ? 0.f : 1.f / sum;
+      const float inv = empty ? 0.f : out_scale / sum;
       const float m_scaled = row_max[r] * scale_log2;
       // (m_scaled + log2(sum)) * ln 2 within half an fp32 spacing, in float
       // arithmetic: the sum as an exact pair s + e (TwoSum), s * ln 2 as an exact
