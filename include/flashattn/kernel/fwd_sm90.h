@@ -98,11 +98,23 @@ __global__ void __launch_bounds__(Traits::kCtaThreads, 1)
   constexpr bool kDropoutWordsAhead =
       kDropout && Dropout<Traits>::kLaneUnits && Traits::kOverlapSoftmax && Traits::kHeadDim <= 64;
 #endif
+  // Turns (pingpong) with dropout up to d64: the two consumer warpgroups take turns to
+  // issue their products, so that one's stretch between a P V's wait and its next
+  // issue (P's conversion and its dropout) runs under the other's products rather
+  // than beside the other's stretch. Forward with dropout, H100: d64 +3% (every
+  // length and mask), d128 0, d256 -4%; without dropout 0.94 (docs/perf-notes.md).
+#if defined(FLASHATTN_SM90_NO_DROPOUT_PINGPONG)
+  constexpr bool kPingpong = false;
+#else
+  constexpr bool kPingpong =
+      kDropout && Traits::kConsumerWarpgroups == 2 && Traits::kOverlapSoftmax && Traits::kHeadDim <= 64;
+#endif
   // Above d64 a row's running maximum moves only when a block's scores exceed it
   // by more than 2^8 in probability (OnlineSoftmax), and the output's rescale (64
   // multiplies per thread at d128, 128 at d256, where the tensor cores may wait)
   // runs only for a warp whose rows moved. H100, bf16 forward: d256 +4.4%, with
-  // dropout d128 +2% and d256 +3.7%; d128 without dropout and d64 within noise.
+  // dropout d128 +2% and d256 +3.7%; d128 without dropout and d64 within noise,
+  // d64 with dropout and its turns (below) -3%, so d64 keeps the exact maximum.
   // -DFLASHATTN_SM90_EXACT_MAX: every block's maximum everywhere, to compare.
 #if defined(FLASHATTN_SM90_EXACT_MAX)
   constexpr int kMaxGrowthLog2 = 0;
@@ -243,6 +255,7 @@ __global__ void __launch_bounds__(Traits::kCtaThreads, 1)
   // ---- consumers: warpgroup w computes query rows [64 w, 64 w + 64) of each tile.
   cutlass::arch::warpgroup_reg_alloc<Traits::kConsumerRegisters>();
   const int tidx = threadIdx.x - Traits::kProducerThreads;
+  if constexpr (kPingpong) first_turn(tidx / 128);
   typename Traits::TiledMma tiled_mma;
   auto thr_mma = tiled_mma.get_thread_slice(tidx);
   typename Traits::TiledMmaPV tiled_mma_pv;
@@ -370,9 +383,10 @@ __global__ void __launch_bounds__(Traits::kCtaThreads, 1)
       Tensor tOrP = make_tensor(rP.data(), Traits::c_to_a(rP.layout()));
       constexpr int kDropWords = decltype(size<0>(tScS0_rc))::value / 2 * (decltype(size<1>(tScS0_rc))::value / 2);
       uint32_t drop_words[kDropoutWordsAhead ? kDropWords : 1];  // of the block exponentiate made last
-      // S = Q K^T of the key block in `stage`, issued into acc_s.
-      auto issue_s = [&](const StageState& stage) {
-        pipeline_k.consumer_wait(stage);
+      // S = Q K^T of the key block in `stage`, issued into acc_s (waited: its K
+      // was waited for already).
+      auto issue_s = [&](const StageState& stage, bool waited = false) {
+        if (!waited) pipeline_k.consumer_wait(stage);
         Tensor sK = make_tensor(make_smem_ptr(storage.k[stage.index()].data()), typename Traits::SmemLayoutKV{});
         if constexpr (Traits::kQStages == 1) {
           wgmma_issue<true>(tiled_mma, tSrQ, thr_mma.partition_fragment_B(sK), acc_s);
@@ -411,8 +425,8 @@ __global__ void __launch_bounds__(Traits::kCtaThreads, 1)
         }
       };
       // O += P V of key block n_block, issued once its V landed.
-      auto issue_pv = [&](const StageState& stage, int n_block) {
-        wait_v(stage, n_block);
+      auto issue_pv = [&](const StageState& stage, int n_block, bool waited = false) {
+        if (!waited) wait_v(stage, n_block);
         Tensor sVt = make_tensor(sV_of(stage.index()).data(), typename Traits::SmemLayoutVt{});
         wgmma_issue<false>(tiled_mma_pv, tOrP, thr_mma_pv.partition_fragment_B(sVt), acc_o);
       };
@@ -423,8 +437,18 @@ __global__ void __launch_bounds__(Traits::kCtaThreads, 1)
         // n - 1, then P V of block n, and exponentiates n - 1 while P V
         // multiplies. The wait for that P V opens the next iteration (placed
         // after the softmax, ptxas moves the exponentials below it).
+        // With turns (kPingpong), every wait for data comes before the turn: a
+        // varlen sequence's last V is zeroed by all consumers at a barrier.
+        [[maybe_unused]] const int wg = tidx / 128;
         int n_block = wg_end - 1;
-        issue_s(state);
+        if constexpr (kPingpong) {
+          pipeline_k.consumer_wait(state);
+          take_turn(wg);
+          issue_s(state, true);
+          pass_turn(wg);
+        } else {
+          issue_s(state);
+        }
         wgmma_wait<0>(acc_s);
         release_k(state, n_block);
         exponentiate(n_block);
@@ -435,8 +459,17 @@ __global__ void __launch_bounds__(Traits::kCtaThreads, 1)
           to_operand(n_block);
           StageState next = state;
           ++next;
-          issue_s(next);
-          issue_pv(state, n_block);
+          if constexpr (kPingpong) {
+            pipeline_k.consumer_wait(next);
+            wait_v(state, n_block);
+            take_turn(wg);
+            issue_s(next, true);
+            issue_pv(state, n_block, true);
+            pass_turn(wg);
+          } else {
+            issue_s(next);
+            issue_pv(state, n_block);
+          }
           wgmma_wait<1>(acc_s);
           release_k(next, n_block - 1);
           exponentiate(n_block - 1);
@@ -446,7 +479,14 @@ __global__ void __launch_bounds__(Traits::kCtaThreads, 1)
         wgmma_wait<0>(acc_o, tOrP);
         if (wg_begin < wg_end - 1) release_v(pv_state);
         to_operand(wg_begin);
-        issue_pv(state, wg_begin);
+        if constexpr (kPingpong) {
+          wait_v(state, wg_begin);
+          take_turn(wg);
+          issue_pv(state, wg_begin, true);
+          pass_turn(wg);
+        } else {
+          issue_pv(state, wg_begin);
+        }
         wgmma_wait<0>(acc_o, tOrP);
         release_v(state);
         ++state;

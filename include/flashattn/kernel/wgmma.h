@@ -82,6 +82,17 @@ __device__ __forceinline__ void consumers_sync() {
 // The 128 threads of consumer warpgroup `wg` (named barriers 1, 2, ...).
 __device__ __forceinline__ void warpgroup_sync(int wg) { cutlass::arch::NamedBarrier::sync(128, 1 + wg); }
 
+// Turns of two consumer warpgroups (named barriers 4 and 5): warpgroup wg waits
+// for its turn (the other's pass, or the first turn, see first_turn), issues its
+// products, and passes the turn on. Each warpgroup must take as many turns as the
+// other, and nothing inside a turn may wait for the other warpgroup.
+__device__ __forceinline__ void take_turn(int wg) { cutlass::arch::NamedBarrier::sync(256, 4 + wg); }
+__device__ __forceinline__ void pass_turn(int wg) { cutlass::arch::NamedBarrier::arrive(256, 4 + (1 - wg)); }
+// Warpgroup 0 takes the first turn: warpgroup 1 passes it once, at the start.
+__device__ __forceinline__ void first_turn(int wg) {
+  if (wg == 1) pass_turn(1);
+}
+
 template <typename Traits>
 struct ConsumersSync {
   __device__ __forceinline__ void operator()() const { consumers_sync<Traits>(); }
