@@ -108,14 +108,26 @@ struct OnlineSoftmax {
   // backward recomputes P = exp2(s * scale_log2 - lse * log2(e)), and with scores
   // in the thousands each extra fp32 rounding of the lse (~1e-4 there) would be
   // a relative error of P.
-  // out_scale: a factor for out on top (dropout's 1 / (1 - p)).
   template <typename Out>
-  __device__ void finalize(Out& out, float scale_log2, float (&lse)[kRows], float out_scale = 1.f) {
+  __device__ void finalize(Out& out, float scale_log2, float (&lse)[kRows]) {
+    finalize_scaled<false>(out, scale_log2, lse, 1.f);
+  }
+  // The same with out scaled by out_scale on top (dropout's 1 / (1 - p)).
+  template <typename Out>
+  __device__ void finalize(Out& out, float scale_log2, float (&lse)[kRows], float out_scale) {
+    finalize_scaled<true>(out, scale_log2, lse, out_scale);
+  }
+
+ private:
+  // kScaled false: 1 / sum as written before out_scale existed (a constant 1 for
+  // out_scale moves ptxas's register allocation in the families that never scale).
+  template <bool kScaled, typename Out>
+  __device__ void finalize_scaled(Out& out, float scale_log2, float (&lse)[kRows], float out_scale) {
     CUTE_UNROLL
     for (int r = 0; r < kRows; ++r) {
       const float sum = lane_allreduce<kRowShuffleMask>(row_sum[r], [](float a, float b) { return a + b; });
       const bool empty = sum == 0.f || sum != sum;
-      const float inv = empty ? 0.f : out_scale / sum;
+      const float inv = empty ? 0.f : (kScaled ? out_scale : 1.f) / sum;
       const float m_scaled = row_max[r] * scale_log2;
       // (m_scaled + log2(sum)) * ln 2 within half an fp32 spacing, in float
       // arithmetic: the sum as an exact pair s + e (TwoSum), s * ln 2 as an exact
