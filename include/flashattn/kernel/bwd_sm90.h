@@ -193,8 +193,13 @@ __global__ void __launch_bounds__(Traits::kCtaThreads, 1)
   // dQ products (before the first tile, here), off the path from S to dS. Forward
   // + backward with dropout, H100: +4% at d128, -1-2% at d64, -2-3% at d256
   // (docs/perf-notes.md), so from d96 to d128. Not with score modifiers, whose
-  // d128 kernel spills in its loop already.
+  // d128 kernel spills in its loop already. At d128 the masks made under S and dP
+  // instead (below; -DFLASHATTN_SM90_BWD_NO_KEEP_AHEAD) time the same (+0.5%).
+#if defined(FLASHATTN_SM90_BWD_NO_KEEP_AHEAD)
+  constexpr bool kKeepAhead = false;
+#else
   constexpr bool kKeepAhead = kDropout && !kScoreMods && kHeadDim > 64 && kHeadDim <= 128;
+#endif
   // Elsewhere (d64, above d128), a tile's keep masks are made under its own S and
   // dP products, between their issue and the wait for S, rather than after dP
   // landed: forward + backward with dropout, H100, d64 +1.8%, d256 +1.0% (no cell
