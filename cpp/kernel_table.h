@@ -32,6 +32,7 @@ struct FwdKernelEntry {
   int head_dim;        // bucket: serves head dims up to this
   int smem_bytes;      // dynamic shared memory per CTA; 0: no kernel in this tile set
   int kv_block_m, kv_block_n;  // the KV cache kernel's tile: query rows and key rows of a CTA
+  int skipping_block_m;        // the forward's rows per tile where its warpgroups skip rows past the end; 0: no such tile
   FwdKernelFn fn;
 };
 

@@ -99,6 +99,9 @@ struct Sm90Fwd {
   using WsLongTile = Sm90FwdWsLongTile<kHeadDim>;
   using WsLongTraits = Sm90FwdWsTraits<Element, kHeadDim, WsLongTile::kM, WsLongTile::kN>;
   static constexpr bool kHasLongTile = !std::is_same_v<WsLongTraits, WsTraits>;
+  // Rows per tile of the forward without dropout where its warpgroups skip rows
+  // past the end (three warpgroups up to d64; the long tile is above d192).
+  static constexpr int kSkippingBlockM = WsTraits::kSkipRowlessWarpgroups ? WsTraits::kBlockM : 0;
   using WsDropoutTile = Sm90FwdWsDropoutTile<kHeadDim>;
   using WsDropoutTraits = Sm90FwdWsTraits<Element, kHeadDim, WsDropoutTile::kM, WsDropoutTile::kN>;
   // The kernel table's shared memory: the largest of the forward kernels'.

@@ -54,6 +54,20 @@ constexpr int tile_smem_bytes() {
   return Kernel::kBuilt ? int(sizeof(typename Kernel::SharedStorage)) : 0;
 }
 
+// The query rows of a persistent forward tile whose warpgroups skip rows past a
+// sequence's end (Kernel::kSkippingBlockM, where the family has one), else 0: its
+// last tile of a sequence is lighter, and the host hands such a grid a tile
+// counter (cpp/ops.cpp, zeroed_tile_counter).
+template <typename Kernel, typename = void>
+struct SkippingBlockM : std::integral_constant<int, 0> {};
+template <typename Kernel>
+struct SkippingBlockM<Kernel, std::void_t<decltype(Kernel::kSkippingBlockM)>>
+    : std::integral_constant<int, Kernel::kSkippingBlockM> {};
+template <typename Kernel>
+constexpr int skipping_block_m() {
+  return Kernel::kBuilt ? SkippingBlockM<Kernel>::value : 0;
+}
+
 // Above 48 KB a kernel must opt in to its dynamic shared memory, once per
 // device: a bit per device (< 64, as the host checks) remembers a success
 // (setting it twice is harmless; a failure is retried, and the launch reports it).
