@@ -697,9 +697,11 @@ std::optional<Tensor> plan_splits(FwdParams& p, const FwdKernelEntry& kernel, in
 // of their sequence and head until K and V had left L2: d64 at 512 tokens read
 // them 1.3 times from memory; with the counter +8% there, +6% at 1k, and at
 // d128, whose tiles all weigh alike, the counter cost 2-5%.) Only where the tiles
-// can outnumber the SMs, counted at 128 query rows (launch/fwd_sm90.h; a larger
-// tile gets a counter it may not need, whose CTAs stop at their first take):
-// else one CTA per tile, and no memset. Returns the counter's memory (undefined when none).
+// can outnumber the SMs, counted at the skipping tile's rows where the kernel has
+// one, else at 128 (launch/fwd_sm90.h; a larger tile gets a counter it may not
+// need, whose CTAs stop at their first take): else one CTA per tile, and no
+// allocation or memset (2-3 us of host time). Returns the counter's memory
+// (undefined when none).
 std::optional<Tensor> zeroed_tile_counter(FwdParams& p, int family, const FwdKernelEntry& kernel, const Tensor& q,
                                           cudaStream_t stream) {
   constexpr int64_t kTileRows = 128;
@@ -707,8 +709,9 @@ std::optional<Tensor> zeroed_tile_counter(FwdParams& p, int family, const FwdKer
   const bool lighter_last_tile =
       !dropout && kernel.skipping_block_m > 0 && p.seqlen_q % kernel.skipping_block_m != 0;
   const bool uneven = (p.window_right >= 0 || lighter_last_tile) && p.cu_seqlens_q == nullptr && !p.kv_cache;
+  const int64_t tile_rows = !dropout && kernel.skipping_block_m > 0 ? kernel.skipping_block_m : kTileRows;
   if (!uneven || !family_info(family)->tile_counter ||
-      int64_t(p.batch) * p.heads * ((p.seqlen_q + kTileRows - 1) / kTileRows) <= p.num_sms)
+      int64_t(p.batch) * p.heads * ((p.seqlen_q + tile_rows - 1) / tile_rows) <= p.num_sms)
     return std::nullopt;
   Tensor counter = new_tensor(q, {1}, ScalarType::Float);
   p.tile_counter = static_cast<int*>(counter.data_ptr());
