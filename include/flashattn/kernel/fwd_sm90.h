@@ -32,6 +32,14 @@ namespace flashattn {
 
 using namespace cute;
 
+// A tile as the producer decoded it for the consumers (index -1: no more
+// tiles): they read it from the Q stage that carries it rather than repeat the
+// divisions (and a varlen batch's search) at every tile's start, where nothing of
+// theirs is on the tensor cores.
+struct alignas(16) DecodedTile {
+  int index, m_block, head, batch;
+};
+
 // kQStages Q tiles, kStages K and V tiles, the output tile where it fits
 // beside them (else the output is staged in the tile's Q stage), and the
 // pipelines' barriers. 1024-byte
@@ -45,7 +53,7 @@ struct FwdWsTiles {
   cute::array_aligned<Element, cosize_v<typename Traits::SmemLayoutKV>, 1024> v[Traits::kStages];
   typename Traits::Pipeline::SharedStorage pipeline_k, pipeline_v;
   typename Traits::PipelineQ::SharedStorage pipeline_q;
-  int tile_index[Traits::kQStages];  // the tile of each Q stage, from the producer; -1: no more tiles
+  DecodedTile tile[Traits::kQStages];  // the tile of each Q stage, from the producer
 };
 template <typename Traits>
 struct FwdWsTilesWithO : FwdWsTiles<Traits> {
@@ -138,7 +146,7 @@ __global__ void __launch_bounds__(Traits::kCtaThreads, 1)
   const bool producer = threadIdx.x < Traits::kProducerThreads;
   Pipeline pipeline_k(storage.pipeline_k, tma_pipeline_params<Pipeline, Traits>(producer, Traits::kKVBytes), Shape<_1, _1, _1>{});
   Pipeline pipeline_v(storage.pipeline_v, tma_pipeline_params<Pipeline, Traits>(producer, Traits::kKVBytes), Shape<_1, _1, _1>{});
-  // Q's stage also carries the tile's index (and tiles without Q): the
+  // Q's stage also carries the decoded tile (and tiles without Q): the
   // producer announces Q's bytes itself where it loads Q.
   PipelineQ pipeline_q(storage.pipeline_q, tma_pipeline_params<PipelineQ, Traits>(producer, 0), Shape<_1, _1, _1>{});
   __syncthreads();  // barriers initialised before anyone waits on them
@@ -158,14 +166,14 @@ __global__ void __launch_bounds__(Traits::kCtaThreads, 1)
     const bool leader = lane == 0;
     auto state = cutlass::make_producer_start_state<Pipeline>();
     auto state_q = cutlass::make_producer_start_state<PipelineQ>();
-    // The consumers learn each tile (and the end: -1) from the Q stage that
-    // carries it: the index is written before the arrival that releases it,
+    // The consumers learn each tile (and the end: index -1) from the Q stage
+    // that carries it: the tile is written before the arrival that releases it,
     // and the arrival announces Q's bytes where Q loads.
-    auto publish_q_stage = [&](int index, bool with_q) {
+    auto publish_q_stage = [&](const DecodedTile& tile, bool with_q) {
       if (leader) {
         while (pipeline_q.producer_try_acquire(state_q) != cutlass::BarrierStatus::WaitDone) {
         }
-        storage.tile_index[q_stage(state_q)] = index;
+        storage.tile[q_stage(state_q)] = tile;
         if (with_q) pipeline_q.producer_expect_transaction(state_q, Traits::kQBytes);
         pipeline_q.producer_acquire(state_q, {cutlass::BarrierStatus::WaitDone});  // arrives
       }
@@ -178,6 +186,7 @@ __global__ void __launch_bounds__(Traits::kCtaThreads, 1)
     };
     auto load_tile = [&](int index) {
       const QueryTileScheduler<kBlockM> tile(params, index);
+      const DecodedTile decoded{index, tile.m_block, tile.head, tile.batch};
       const SeqlenInfo seq(params, tile.batch);
       const int m0 = tile.m_block * kBlockM;
       if (m0 >= seq.seqlen_q) return;  // a spare slot of the varlen grid: not published
@@ -185,7 +194,7 @@ __global__ void __launch_bounds__(Traits::kCtaThreads, 1)
       int n_begin, n_end;
       mask.key_block_range(m0, kBlockM, kBlockN, n_begin, n_end);
       if (n_end <= n_begin) {  // no key visible: the consumers write zeros, without Q
-        publish_q_stage(index, false);
+        publish_q_stage(decoded, false);
         ++state_q;
         return;
       }
@@ -205,7 +214,7 @@ __global__ void __launch_bounds__(Traits::kCtaThreads, 1)
       Tensor tKgK = tma_k.partition_S(gK);  // (TMA, TMA_N, TMA_D, blocks)
       Tensor tVgV = tma_v.partition_S(gV);
       auto load_q = [&] {
-        publish_q_stage(index, true);
+        publish_q_stage(decoded, true);
         if (leader) {
           copy(loads.q.with(*pipeline_q.producer_get_barrier(state_q)), tma_q.partition_S(gQ),
                tma_q.partition_D(sQ_of(q_stage(state_q))));
@@ -248,7 +257,7 @@ __global__ void __launch_bounds__(Traits::kCtaThreads, 1)
         index += int(gridDim.x);
       }
     }
-    publish_q_stage(-1, false);
+    publish_q_stage(DecodedTile{-1, 0, 0, 0}, false);
     return;
   }
 
@@ -274,9 +283,8 @@ __global__ void __launch_bounds__(Traits::kCtaThreads, 1)
   for (;;) {
     pipeline_q.consumer_wait(state_q);
     const int q_index = q_stage(state_q);  // the Q stage of this tile
-    const int index = storage.tile_index[q_index];
-    if (index < 0) break;
-    const QueryTileScheduler<kBlockM> tile(params, index);
+    const DecodedTile tile = storage.tile[q_index];
+    if (tile.index < 0) break;
     const SeqlenInfo seq(params, tile.batch);
     const int m0 = tile.m_block * kBlockM;
     const AttentionMask mask(params, seq);
