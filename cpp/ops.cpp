@@ -696,11 +696,13 @@ std::optional<Tensor> plan_splits(FwdParams& p, const FwdKernelEntry& kernel, in
 // the grid's size, the CTAs given the lighter last tiles ran ahead of the others
 // of their sequence and head until K and V had left L2: d64 at 512 tokens read
 // them 1.3 times from memory; with the counter +8% there, +6% at 1k, and at
-// d128, whose tiles all weigh alike, the counter cost 2-5%.) Only where the tiles
-// can outnumber the SMs, counted at the skipping tile's rows where the kernel has
-// one, else at 128 (launch/fwd_sm90.h; a larger tile gets a counter it may not
-// need, whose CTAs stop at their first take): else one CTA per tile, and no
-// allocation or memset (2-3 us of host time). Returns the counter's memory
+// d128, whose tiles all weigh alike, the counter cost 2-5%.) A varlen batch's
+// tiles weigh as its sequences: with a counter its grid is persistent too, where
+// it ran a CTA per tile (short sequences paid a CTA's start per tile). Only where
+// the tiles can outnumber the SMs, counted at the skipping tile's rows where the
+// kernel has one, else at 128 (launch/fwd_sm90.h; a larger tile gets a counter it
+// may not need, whose CTAs stop at their first take): else one CTA per tile, and
+// no allocation or memset (2-3 us of host time). Returns the counter's memory
 // (undefined when none).
 std::optional<Tensor> zeroed_tile_counter(FwdParams& p, int family, const FwdKernelEntry& kernel, const Tensor& q,
                                           cudaStream_t stream) {
@@ -708,11 +710,14 @@ std::optional<Tensor> zeroed_tile_counter(FwdParams& p, int family, const FwdKer
   const bool dropout = p.rng_state != nullptr;  // its kernels skip no rows
   const bool lighter_last_tile =
       !dropout && kernel.skipping_block_m > 0 && p.seqlen_q % kernel.skipping_block_m != 0;
-  const bool uneven = (p.window_right >= 0 || lighter_last_tile) && p.cu_seqlens_q == nullptr && !p.kv_cache;
+  const bool varlen = p.cu_seqlens_q != nullptr;
+  const bool uneven = (varlen || p.window_right >= 0 || lighter_last_tile) && !p.kv_cache;
   const int64_t tile_rows = !dropout && kernel.skipping_block_m > 0 ? kernel.skipping_block_m : kTileRows;
-  if (!uneven || !family_info(family)->tile_counter ||
-      int64_t(p.batch) * p.heads * ((p.seqlen_q + tile_rows - 1) / tile_rows) <= p.num_sms)
-    return std::nullopt;
+  // A varlen grid's tiles: QueryTileScheduler's slots (tile_scheduler.h), at most
+  // one per sequence of them spare.
+  const int64_t tiles_per_head =
+      varlen ? p.total_q / tile_rows + p.batch : int64_t(p.batch) * ((p.seqlen_q + tile_rows - 1) / tile_rows);
+  if (!uneven || !family_info(family)->tile_counter || tiles_per_head * p.heads <= p.num_sms) return std::nullopt;
   Tensor counter = new_tensor(q, {1}, ScalarType::Float);
   p.tile_counter = static_cast<int*>(counter.data_ptr());
   const cudaError_t err = cudaMemsetAsync(p.tile_counter, 0, sizeof(int), stream);

@@ -110,16 +110,16 @@ struct QueryTileScheduler {
     return unsigned(per_head * p.heads * (kSplits ? p.num_splits : 1));
   }
 
-  // A persistent grid for a fixed-length batch: one CTA per SM (a CTA fills
-  // one). Its CTA c starts with tile c; then, where every tile weighs alike (no
+  // A persistent grid: one CTA per SM (a CTA fills one). Its CTA c starts with
+  // tile c; then, where every tile weighs alike (a fixed-length batch without a
   // causal or right-window mask), it steps through the tiles by the grid size,
-  // else it takes the next tile in order (heaviest first) from p.tile_counter, as
-  // soon as it is free. Without a counter, and for varlen batches (whose tiles
-  // differ too), one CTA per tile: the GPU hands each to whichever SM is free.
+  // else it takes the next tile in order (heaviest first within a sequence) from
+  // p.tile_counter, as soon as it is free. Without a counter where tiles differ,
+  // one CTA per tile: the GPU hands each to whichever SM is free.
   static unsigned num_persistent_ctas(const FwdParams& p) {
     const unsigned tiles = num_ctas(p);
-    const bool persistent = !kSplits && p.cu_seqlens_q == nullptr && p.num_sms > 0 &&
-                            (p.window_right < 0 || p.tile_counter != nullptr);
+    const bool even = p.cu_seqlens_q == nullptr && p.window_right < 0;
+    const bool persistent = !kSplits && p.num_sms > 0 && (even || p.tile_counter != nullptr);
     return persistent && tiles > unsigned(p.num_sms) ? unsigned(p.num_sms) : tiles;
   }
 
