@@ -31,6 +31,9 @@ SHAPES = (
     ("b1-s2k-h12-d64", 1, 2048, 2048, 12, 12, 64, False),
     ("b1-s128-h16-d128-causal", 1, 128, 128, 16, 16, 128, True),
     ("decode-s1-sk4k-h32-d128", 1, 1, 4096, 32, 32, 128, False),
+    # flash_attn_varlen_func on 64 packed sequences of 128 tokens (SDPA: the same
+    # batch dense): more tiles than SMs, so the varlen forward takes a tile counter.
+    ("varlen-b64-s128-h16-d128", 64, 128, 128, 16, 16, 128, False),
 )
 CALLS = 200
 REPEATS = 7
@@ -112,9 +115,19 @@ def runners(torch, fa, shape, mode):
         for t in (q, k, v, q_, k_, v_):
             t.requires_grad_(True)
     out = {}
+    varlen = shape[0].startswith("varlen")
+    if varlen:  # the same rows, packed: (b * s, h, d), contiguous
+        q, k, v, g = (t.detach().reshape(b * t.shape[1], *t.shape[2:]) for t in (q, k, v, g))
+        if bwd:
+            for t in (q, k, v):
+                t.requires_grad_(True)
+        cu = torch.arange(0, (b + 1) * s_q, s_q, device="cuda", dtype=torch.int32)
 
     def ours():
-        o = fa.flash_attn_func(q, k, v, causal=causal)
+        if varlen:
+            o = fa.flash_attn_varlen_func(q, k, v, cu, cu, s_q, s_k, causal=causal)
+        else:
+            o = fa.flash_attn_func(q, k, v, causal=causal)
         if bwd:
             o.backward(g)
 
@@ -123,14 +136,17 @@ def runners(torch, fa, shape, mode):
     else:
         def ours_no_grad():
             with torch.no_grad():
-                fa.flash_attn_func(q, k, v, causal=causal)
+                ours()
 
         out["flashattn"] = ours_no_grad
         scale = d**-0.5
-        op = torch.ops.flashattn.fwd
 
         def raw_op():
-            op(q, k, v, None, None, 0.0, scale, causal, -1, -1, 0.0, 0)
+            if varlen:
+                torch.ops.flashattn.varlen_fwd(q, k, v, cu, cu, s_q, s_k, None, None, 0.0, scale, causal, -1, -1,
+                                               0.0, 0)
+            else:
+                torch.ops.flashattn.fwd(q, k, v, None, None, 0.0, scale, causal, -1, -1, 0.0, 0)
 
         out["raw op"] = raw_op
     flash = sdpa_kernel([SDPBackend.FLASH_ATTENTION])
