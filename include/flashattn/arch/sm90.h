@@ -260,6 +260,24 @@ struct Sm90BwdTraits : Sm90AccumulatorLayout,
   using SmemLayoutPdSt = decltype(composition(
       SmemLayoutPdS{}, make_layout(Shape<Int<kBlockN>, Int<kBlockM>>{}, GenRowMajor{})));
 
+  // Keys as the rows of S and dP (kernel/bwd_sm90.h): S^T = K Q^T and dP^T = V dO^T,
+  // where each warpgroup's rows are its own 64 keys, those of its dK and dV
+  // rows. Its P^T and dS^T are then in registers in the layout of the A operand
+  // of dV += P^T dO and dK += dS^T Q; only dS^T goes through shared memory (keys
+  // as rows, queries contiguous), read by dQ = dS K as an MN-major A operand.
+  // Two warpgroups that split the keys of dK and dV (d <= 128).
+  static constexpr bool kKeysAsRowsFits = kWarpGroups == 2 && kAtomNdKV == 2;
+  using TiledMmaSdPt = WarpGroupTiledMma<kBlockN, kBlockM, kAtomNdKV, GMMA::Major::K, GMMA::Major::K>;
+  using TiledMmadKVFromRegisters = decltype(make_tiled_mma(
+      GMMA::rs_op_selector<Element, Element, float, Shape<_64, Int<kHeadDim / (kWarpGroups / kAtomNdKV)>, _16>,
+                           GMMA::Major::K, GMMA::Major::MN>(),
+      Layout<Shape<Int<kAtomNdKV>, Int<kWarpGroups / kAtomNdKV>, _1>>{}));
+  using TiledMmadQFromKeyRows = WarpGroupTiledMma<kBlockM, kHeadDim, kAtomMdQ, GMMA::Major::MN, GMMA::Major::MN>;
+  using SmemLayoutdSKeyRows =
+      decltype(tile_to_shape(Sm90SmemAtomK<Element, kBlockM>{}, Shape<Int<kBlockN>, Int<kBlockM>>{}));  // (N, M)
+  using SmemLayoutdSKeyRowsT = decltype(composition(
+      SmemLayoutdSKeyRows{}, make_layout(Shape<Int<kBlockM>, Int<kBlockN>>{}, GenRowMajor{})));  // (M, N)
+
   static constexpr bool kCopyZeroFills = true;
   using GmemTiledCopyQKV = decltype(make_tiled_copy(
       Copy_Atom<SM80_CP_ASYNC_CACHEGLOBAL_ZFILL<uint128_t>, Element>{}, typename Base::GmemLayoutAtom{},

@@ -149,18 +149,29 @@ __device__ __forceinline__ void add_dq(const BwdParams& params, const AttentionM
   if (semaphore != nullptr) end_turn(semaphore, tidx == 0, sync);
 }
 
+// The softmax statistics of a tile's queries, by element (r, c) of a thread's
+// (rows, cols) accumulator view: lse in log2 units as hi + lo (+inf past the
+// sequence's end: P = 0 there) and D. Queries as rows: one of each per row, in
+// registers (the sm90 backward's keys-as-rows tile has its own, by column).
+template <int kRows>
+struct RowStats {
+  float hi[kRows], lo[kRows], d[kRows];
+  __device__ __forceinline__ float lse_hi(int r, int) const { return hi[r]; }
+  __device__ __forceinline__ float lse_lo(int r, int) const { return lo[r]; }
+  __device__ __forceinline__ float d_of(int r, int) const { return d[r]; }
+};
+
 // P and dS of one tile, in place: acc_s holds S = Q K^T and becomes P = exp2(S *
 // scale_log2 - lse_log2) (masked to 0; times the dropout mask Z), acc_dp holds
 // dP = dO V^T and becomes dS = P (dP - D) (with dropout P (Z dP / (1 - p) - D)).
 // Under wgmma dP may still be in flight: it is waited for after P's exponentials.
-// lse in log2 units as hi + lo (+inf past the sequence's end: P = 0 there), D per
-// row of this thread.
+// stats: lse and D of each element's query (RowStats). The coordinates give
+// each element's (query, key) in the tile, whichever of them its rows are.
 // keep_words: the tile's dropout masks made beforehand (make_keep_words), or
 // nullptr to make them here.
-template <typename Traits, bool kScoreMods, bool kDropout, int kRows, typename Acc, typename Coords,
+template <typename Traits, bool kScoreMods, bool kDropout, typename Stats, typename Acc, typename Coords,
           typename CoordsRc, typename KeepWords = std::nullptr_t>
-__device__ __forceinline__ void p_and_ds(Acc& acc_s, Acc& acc_dp, const float (&lse_hi)[kRows],
-                                         const float (&lse_lo)[kRows], const float (&d_row)[kRows],
+__device__ __forceinline__ void p_and_ds(Acc& acc_s, Acc& acc_dp, const Stats& stats,
                                          const BwdParams& params, const AttentionMask& mask, const Coords& tScS,
                                          const Coords& tScS0, const CoordsRc& tScS_rc, const CoordsRc& tScS0_rc,
                                          int batch, int head, int m0, int n0, const KeepWords& keep_words = nullptr) {
@@ -182,11 +193,13 @@ __device__ __forceinline__ void p_and_ds(Acc& acc_s, Acc& acc_dp, const float (&
   }
   Tensor s_rc = make_tensor(acc_s.data(), Traits::rowcol(acc_s.layout()));
   Tensor dp_rc = make_tensor(acc_dp.data(), Traits::rowcol(acc_dp.layout()));
+  constexpr int kRows = decltype(size<0>(s_rc))::value;
   const float scale_log2 = params.score_scale_log2;
   CUTE_UNROLL
   for (int r = 0; r < kRows; ++r) {
     CUTE_UNROLL
-    for (int c = 0; c < size<1>(s_rc); ++c) s_rc(r, c) = fmaf(s_rc(r, c), scale_log2, -lse_hi[r]) - lse_lo[r];
+    for (int c = 0; c < size<1>(s_rc); ++c)
+      s_rc(r, c) = fmaf(s_rc(r, c), scale_log2, -stats.lse_hi(r, c)) - stats.lse_lo(r, c);
   }
   // Masked after scaling, so that a zero softmax_scale cannot turn -inf into NaN.
   if (mask.tile_needs_mask(m0, Traits::kBlockM, n0, Traits::kBlockN)) mask.apply(acc_s, tScS, tScS0, m0, n0);
@@ -201,7 +214,7 @@ __device__ __forceinline__ void p_and_ds(Acc& acc_s, Acc& acc_dp, const float (&
         const float p = s_rc(r, c + k);
         const bool kept = (keep >> (16 * k)) & 1u;
         s_rc(r, c + k) = kept ? p : 0.f;
-        dp_rc(r, c + k) = p * ((kept ? dp_rc(r, c + k) * params.dropout_scale : 0.f) - d_row[r]);
+        dp_rc(r, c + k) = p * ((kept ? dp_rc(r, c + k) * params.dropout_scale : 0.f) - stats.d_of(r, c + k));
       }
     };
     if constexpr (std::is_same_v<KeepWords, std::nullptr_t>) {
@@ -218,7 +231,7 @@ __device__ __forceinline__ void p_and_ds(Acc& acc_s, Acc& acc_dp, const float (&
     CUTE_UNROLL
     for (int r = 0; r < kRows; ++r) {
       CUTE_UNROLL
-      for (int c = 0; c < size<1>(s_rc); ++c) dp_rc(r, c) = s_rc(r, c) * (dp_rc(r, c) - d_row[r]);
+      for (int c = 0; c < size<1>(s_rc); ++c) dp_rc(r, c) = s_rc(r, c) * (dp_rc(r, c) - stats.d_of(r, c));
     }
   }
   if constexpr (kScoreMods) {
@@ -281,14 +294,17 @@ __device__ __forceinline__ void store_dk_dv(Acc& acc_dk, Acc& acc_dv, TiledMma m
 // acc is ready after products_wait. The other families load the operands into
 // registers with their copy atoms (ldmatrix; .trans for the transposed views)
 // while the previous k-slice multiplies, and return with acc done.
-template <typename Traits, bool kTransposedA, bool kTransposedB, typename TiledMma, typename SmemA, typename SmemB>
+// kZeroInit (wgmma only): acc = A . B^T, whatever acc held.
+template <typename Traits, bool kTransposedA, bool kTransposedB, bool kZeroInit = false, typename TiledMma,
+          typename SmemA, typename SmemB>
 __device__ __forceinline__ auto smem_product(TiledMma tiled_mma, const SmemA& sA, const SmemB& sB, int tidx) {
   auto thr = tiled_mma.get_thread_slice(tidx);
+  static_assert(!kZeroInit || kUsesWgmma<Traits>);
   if constexpr (kUsesWgmma<Traits>) {
     return [tiled_mma, thr, sA, sB](auto& acc, int offset_a = 0, int offset_b = 0) mutable {
       Tensor a = thr.partition_fragment_A(make_tensor(sA.data() + offset_a, sA.layout()));
       Tensor b = thr.partition_fragment_B(make_tensor(sB.data() + offset_b, sB.layout()));
-      wgmma_issue<false>(tiled_mma, a, b, acc);
+      wgmma_issue<kZeroInit>(tiled_mma, a, b, acc);
     };
   } else {
     using CopyAtomA = std::conditional_t<kTransposedA, typename Traits::SmemCopyAtomTransposed,
@@ -454,13 +470,13 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const BwdPara
     const index_t ws_row0 = seq.workspace_row(params, batch, head);
 
     // lse in log2 units as hi + lo (+inf past the end: P = 0 there) and D of this thread's rows.
-    float lse_hi[kRows], lse_lo[kRows], d_row[kRows];
+    RowStats<kRows> stats;
     CUTE_UNROLL
     for (int r = 0; r < kRows; ++r) {
       const int row = m0 + get<0>(tScS_rc(r, 0));
       const bool in = row < seq.seqlen_q;
-      lse_to_log2(in ? params.softmax_lse[lse_row0 + row] : INFINITY, lse_hi[r], lse_lo[r]);
-      d_row[r] = in ? params.softmax_d[ws_row0 + row] : 0.f;
+      lse_to_log2(in ? params.softmax_lse[lse_row0 + row] : INFINITY, stats.hi[r], stats.lo[r]);
+      stats.d[r] = in ? params.softmax_d[ws_row0 + row] : 0.f;
     }
 
     // Loads in flight: Q[it] (oldest), then dO[it], then (double-buffered) Q[it+1].
@@ -491,7 +507,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const BwdPara
 
     // P and dS, while dP = dO V^T may still be in flight (wgmma).
     products_wait<Traits, 1>(acc_s);
-    p_and_ds<Traits, kScoreMods, kDropout>(acc_s, acc_dp, lse_hi, lse_lo, d_row, params, mask, tScS, tScS0, tScS_rc,
+    p_and_ds<Traits, kScoreMods, kDropout>(acc_s, acc_dp, stats, params, mask, tScS, tScS0, tScS_rc,
                                            tScS0_rc, batch, head, m0, n0);
     Tensor rP = convert_fragment<Element>(acc_s);
     Tensor rdS = convert_fragment<Element>(acc_dp);

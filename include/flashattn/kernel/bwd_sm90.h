@@ -4,14 +4,20 @@
 // producer warpgroup copies Q, dO, lse and D of the next (query head, query
 // block) into a ring of shared-memory stages (Q and dO by TMA from one lane, lse
 // and D by its warp) while two consumer warpgroups run the five products as
-// warpgroup MMAs:
-//   S = Q K^T, dP = dO V^T, P and dS (p_and_ds), dV += P^T dO, dK += dS^T Q,
-//   dQ = dS K added into the fp32 accumulator (add_dq).
+// warpgroup MMAs. Two loops:
+// - keys as rows (d <= 128 without dropout): S^T = K Q^T, dP^T = V dO^T, P^T and
+//   dS^T (p_and_ds), dV += P^T dO and dK += dS^T Q from registers, dQ = dS K from
+//   dS^T in shared memory, added into the fp32 accumulator (add_dq). Each
+//   warpgroup's rows are its own keys, so only dQ waits for both: the consumers
+//   meet once per iteration, after dV is issued.
+// - queries as rows (dropout, whose keep masks follow the forward's rows; d > 128,
+//   where the warpgroups split the head dim of dK and dV): S = Q K^T, dP = dO V^T,
+//   P and dS through shared memory (double-buffered), dV += P^T dO, dK += dS^T Q,
+//   dQ = dS K; the consumers meet once per iteration, after writing P and dS.
 // Producer and consumers meet at mbarriers (a full/empty pair per stage for Q +
-// lse and for dO + D, cutlass::PipelineTmaAsync); the consumers meet once per
-// iteration, after writing P and dS, which are double-buffered. `setmaxnreg`
-// hands the producer's registers to the consumers. Masks, score modifiers,
-// dropout, GQA, varlen and deterministic dQ are the shared kernel's code.
+// lse and for dO + D, cutlass::PipelineTmaAsync). `setmaxnreg` hands the
+// producer's registers to the consumers. Masks, score modifiers, dropout, GQA,
+// varlen and deterministic dQ are the shared kernel's code.
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -26,10 +32,36 @@ namespace flashattn {
 
 using namespace cute;
 
+// Keys as the rows of S and dP (bwd_ws_kernel's first loop), where the tile
+// allows it and without dropout, whose keep masks follow the rows of the
+// forward's S. -DFLASHATTN_SM90_BWD_QUERIES_AS_ROWS: queries as rows everywhere,
+// to compare.
+template <typename Traits, bool kDropout>
+constexpr bool bwd_keys_as_rows() {
+#if defined(FLASHATTN_SM90_BWD_QUERIES_AS_ROWS)
+  return false;
+#else
+  return Traits::kKeysAsRowsFits && !kDropout;
+#endif
+}
+
+// N tiles of one layout back to back (none for N = 0: data() is null then).
+template <typename Element, typename Layout, int N>
+struct SmemTileRing {
+  cute::array_aligned<Element, cosize_v<Layout>, 1024> tiles[N];
+  static constexpr int kTileElems = int(sizeof(tiles[0]) / sizeof(Element));  // whole KB each
+  __device__ Element* data() { return tiles[0].data(); }
+};
+template <typename Element, typename Layout>
+struct SmemTileRing<Element, Layout, 0> {
+  __device__ Element* data() { return nullptr; }
+};
+
 // Every tile 1024-byte aligned (the 128-byte swizzle's period, which the MMA
 // descriptors assume for each tile's base). dK and dV are staged at the end
-// where the Q and dO stages were.
-template <typename Traits>
+// where the Q and dO stages were. P goes through shared memory only where the
+// queries are the rows of S.
+template <typename Traits, bool kKeysAsRows>
 struct BwdWsSharedStorage {
   using Element = typename Traits::Element;
   using Pipeline = typename Traits::Pipeline;
@@ -39,9 +71,11 @@ struct BwdWsSharedStorage {
   Tile<typename Traits::SmemLayoutQdO> d_o[Traits::kStages];
   Tile<typename Traits::SmemLayoutKV> k;
   Tile<typename Traits::SmemLayoutKV> v;
-  Tile<typename Traits::SmemLayoutPdS> p[Traits::kPdSBuffers];
-  Tile<typename Traits::SmemLayoutPdS> ds[Traits::kPdSBuffers];
-  float lse[Traits::kStages][Traits::kBlockM];  // natural log; +inf past the sequence's end
+  SmemTileRing<Element, typename Traits::SmemLayoutPdS, Traits::kPdSBuffers> ds;
+  SmemTileRing<Element, typename Traits::SmemLayoutPdS, kKeysAsRows ? 0 : Traits::kPdSBuffers> p;
+  // lse in log2 units as hi + lo (lse_to_log2; +inf past the sequence's end), D.
+  float lse_hi[Traits::kStages][Traits::kBlockM];
+  float lse_lo[Traits::kStages][Traits::kBlockM];
   float d[Traits::kStages][Traits::kBlockM];
   typename Pipeline::SharedStorage pipeline_q, pipeline_do;
 };
@@ -52,6 +86,20 @@ struct BwdWsLoads {
   typename Traits::TmaQdO q, d_o;
 };
 
+// lse and D of the keys-as-rows tile's columns (its queries), read from the
+// stage's shared-memory copy where they are used: held in registers, the 16
+// columns of a thread would take 48. hi, lo, d point at the thread's first
+// query; coords0: thread 0's (query, key) of each element of the (rows, cols) view.
+template <typename CoordsRc0>
+struct QueryColumnStats {
+  const float *hi, *lo, *d;
+  CoordsRc0 coords0;
+  __device__ __forceinline__ int query(int c) const { return int(get<0>(coords0(0, c))); }
+  __device__ __forceinline__ float lse_hi(int, int c) const { return hi[query(c)]; }
+  __device__ __forceinline__ float lse_lo(int, int c) const { return lo[query(c)]; }
+  __device__ __forceinline__ float d_of(int, int c) const { return d[query(c)]; }
+};
+
 template <typename Traits, bool kScoreMods, bool kDropout = false>
 __global__ void __launch_bounds__(Traits::kCtaThreads, 1)
     bwd_ws_kernel(const BwdParams params, const __grid_constant__ BwdWsLoads<Traits> loads) {
@@ -60,7 +108,8 @@ __global__ void __launch_bounds__(Traits::kCtaThreads, 1)
   constexpr int kBlockM = Traits::kBlockM;
   constexpr int kBlockN = Traits::kBlockN;
   constexpr int kHeadDim = Traits::kHeadDim;
-  using Storage = BwdWsSharedStorage<Traits>;
+  constexpr bool kKeysAsRows = bwd_keys_as_rows<Traits, kDropout>();
+  using Storage = BwdWsSharedStorage<Traits, kKeysAsRows>;
   static_assert(sizeof(Storage::q) >= sizeof(Storage::k) && sizeof(Storage::d_o) >= sizeof(Storage::v),
                 "dK and dV are staged where the Q and dO stages were");
 
@@ -94,7 +143,8 @@ __global__ void __launch_bounds__(Traits::kCtaThreads, 1)
   if (producer) {
     cutlass::arch::warpgroup_reg_dealloc<Traits::kProducerRegisters>();
     // ---- producer: Q + lse, then dO + D, of iteration `it` into stage it % kStages.
-    // Warp 0 writes lse and D (two rows a lane); its lane 0 issues the TMA loads.
+    // Warp 0 writes lse (in log2 units) and D, two rows a lane; its lane 0 issues
+    // the TMA loads.
     if (threadIdx.x >= 32) return;
     const bool leader = lane == 0;
     const bool packed = params.cu_seqlens_q != nullptr;
@@ -125,8 +175,7 @@ __global__ void __launch_bounds__(Traits::kCtaThreads, 1)
       const int stage = state.index();
       // A stage's lse (D) is written once its consumers released it, and before
       // the arrival that publishes it with Q's (dO's) bytes.
-      auto fill = [&](Pipeline& pipeline, const float (&values)[kRowsPerLane], float* dst, TmaQdO const& tma,
-                      Element* tile) {
+      auto fill = [&](Pipeline& pipeline, auto&& write_rows, TmaQdO const& tma, Element* tile) {
         if (leader) {
           while (pipeline.producer_try_acquire(state) != cutlass::BarrierStatus::WaitDone) {
           }
@@ -134,7 +183,7 @@ __global__ void __launch_bounds__(Traits::kCtaThreads, 1)
         __syncwarp();
         CUTE_UNROLL
         for (int i = 0; i < kRowsPerLane; ++i) {
-          if (lane + 32 * i < kBlockM) dst[lane + 32 * i] = values[i];
+          if (lane + 32 * i < kBlockM) write_rows(i, lane + 32 * i);
         }
         __syncwarp();
         if (leader) {
@@ -145,8 +194,11 @@ __global__ void __launch_bounds__(Traits::kCtaThreads, 1)
                slice.partition_D(make_tensor(make_smem_ptr(tile), typename Traits::SmemLayoutQdO{})));
         }
       };
-      fill(pipeline_q, lse, storage.lse[stage], loads.q, storage.q[stage].data());
-      fill(pipeline_do, d, storage.d[stage], loads.d_o, storage.d_o[stage].data());
+      auto write_lse = [&](int i, int row) {
+        lse_to_log2(lse[i], storage.lse_hi[stage][row], storage.lse_lo[stage][row]);
+      };
+      fill(pipeline_q, write_lse, loads.q, storage.q[stage].data());
+      fill(pipeline_do, [&](int i, int row) { storage.d[stage][row] = d[i]; }, loads.d_o, storage.d_o[stage].data());
       ++state;
       if (++m_block == m_end) m_block = m_begin, ++head;
     }
@@ -160,8 +212,8 @@ __global__ void __launch_bounds__(Traits::kCtaThreads, 1)
   Tensor sdO = make_tensor(make_smem_ptr(storage.d_o[0].data()), typename Traits::SmemLayoutQdO{});  // (M, d), stage 0
   Tensor sK = make_tensor(make_smem_ptr(storage.k.data()), typename Traits::SmemLayoutKV{});         // (N, d)
   Tensor sV = make_tensor(make_smem_ptr(storage.v.data()), typename Traits::SmemLayoutKV{});         // (N, d)
-  Tensor sP = make_tensor(make_smem_ptr(storage.p[0].data()), typename Traits::SmemLayoutPdS{});     // (M, N), buffer 0
-  Tensor sdS = make_tensor(make_smem_ptr(storage.ds[0].data()), typename Traits::SmemLayoutPdS{});   // (M, N), buffer 0
+  Tensor sP = make_tensor(make_smem_ptr(storage.p.data()), typename Traits::SmemLayoutPdS{});     // (M, N), buffer 0
+  Tensor sdS = make_tensor(make_smem_ptr(storage.ds.data()), typename Traits::SmemLayoutPdS{});   // (M, N), buffer 0
   Tensor sQt = make_tensor(sQ.data(), typename Traits::SmemLayoutQdOt{});    // (d, M)
   Tensor sdOt = make_tensor(sdO.data(), typename Traits::SmemLayoutQdOt{});  // (d, M)
   Tensor sKt = make_tensor(sK.data(), typename Traits::SmemLayoutKt{});      // (d, N)
@@ -170,7 +222,7 @@ __global__ void __launch_bounds__(Traits::kCtaThreads, 1)
   // Element offsets of stage s (Q, dO) and buffer b (P, dS): the tiles of a ring
   // follow one another (whole KB each).
   constexpr int kQdOElems = int(sizeof(Storage::q[0]) / sizeof(Element));
-  constexpr int kPdSElems = int(sizeof(Storage::p[0]) / sizeof(Element));
+  constexpr int kPdSElems = decltype(storage.ds)::kTileElems;
 
   typename Traits::TiledMmaSdP mma_sdp;
   typename Traits::TiledMmadKV mma_dkv;
@@ -245,89 +297,226 @@ __global__ void __launch_bounds__(Traits::kCtaThreads, 1)
   }
 
   typename Pipeline::PipelineState state;  // stage 0, phase 0: the producer's order
-  int head = head0, m_block = m_begin, pds_buffer = 0;
-  if constexpr (kKeepAhead) {
-    if (num_iters > 0) make_keep_words<Traits>(keep, params, tScS_rc, tScS0_rc, batch, head, m_block * kBlockM, n0);
-  }
-  for (int it = 0; it < num_iters; ++it) {
-    const int m0 = m_block * kBlockM;
-    const int stage = state.index();
-    const int q_offset = stage * kQdOElems, pds_offset = pds_buffer * kPdSElems;
-
-    Tensor acc_s = partition_fragment_C(mma_sdp, Shape<Int<kBlockM>, Int<kBlockN>>{});
-    Tensor acc_dp = partition_fragment_C(mma_sdp, Shape<Int<kBlockM>, Int<kBlockN>>{});
-    clear(acc_s);
-    clear(acc_dp);
-    pipeline_q.consumer_wait(state);
-    if (params.cu_seqlens_q != nullptr && m0 + kBlockM > seq.seqlen_q) {
-      // A varlen sequence's last query block: TMA read the next sequence's rows
-      // past its end. Their P and dS are 0, but 0 * Inf is NaN in dV and dK:
-      // zero them (the tiles of this stage, both warpgroups' rows).
-      Tensor sQs = make_tensor(sQ.data() + q_offset, sQ.layout());
-      Tensor sdOs = make_tensor(sdO.data() + q_offset, sdO.layout());
-      pipeline_do.consumer_wait(state);
-      zero_rows_from<Traits>(sQs, seq.seqlen_q - m0, tidx);
-      zero_rows_from<Traits>(sdOs, seq.seqlen_q - m0, tidx);
-      cutlass::arch::fence_view_async_shared();  // generic writes, read by wgmma
-      consumers_sync<Traits>();
-    }
-    product_s(acc_s, q_offset);
-    pipeline_do.consumer_wait(state);
-    product_dp(acc_dp, q_offset);
-    if constexpr (kKeepUnderSdP) make_keep_words<Traits>(keep, params, tScS_rc, tScS0_rc, batch, head, m0, n0);
-
-    float lse_hi[kRows], lse_lo[kRows], d_row[kRows];
-    CUTE_UNROLL
-    for (int r = 0; r < kRows; ++r) {
-      const int row = get<0>(tScS_rc(r, 0));
-      lse_to_log2(storage.lse[stage][row], lse_hi[r], lse_lo[r]);
-      d_row[r] = storage.d[stage][row];
-    }
-    products_wait<Traits, 1>(acc_s);
-    if constexpr (kKeepWords) {
-      p_and_ds<Traits, kScoreMods, kDropout>(acc_s, acc_dp, lse_hi, lse_lo, d_row, params, mask, tScS, tScS0,
-                                             tScS_rc, tScS0_rc, batch, head, m0, n0, keep);
-    } else {
-      p_and_ds<Traits, kScoreMods, kDropout>(acc_s, acc_dp, lse_hi, lse_lo, d_row, params, mask, tScS, tScS0,
-                                             tScS_rc, tScS0_rc, batch, head, m0, n0);
-    }
-    Tensor rP = convert_fragment<Element>(acc_s);
-    Tensor rdS = convert_fragment<Element>(acc_dp);
-    copy(copy_pds, make_tensor(rP.data(), copy_pds.retile(rP.layout())),
-         make_tensor(tPsP.data() + pds_offset, tPsP.layout()));
-    copy(copy_pds, make_tensor(rdS.data(), copy_pds.retile(rdS.layout())),
-         make_tensor(tdSsdS.data() + pds_offset, tdSsdS.layout()));
-    cutlass::arch::fence_view_async_shared();
-    // P and dS of both warpgroups written. The buffer written next iteration was
-    // last read by the products of the previous one, which every warpgroup
-    // waited for before arriving here.
-    consumers_sync<Traits>();
-
-    Tensor acc_dq = partition_fragment_C(mma_dq, Shape<Int<kBlockM>, Int<kHeadDim>>{});
-    clear(acc_dq);
-    product_dv(acc_dv, pds_offset, q_offset);
-    product_dk(acc_dk, pds_offset, q_offset);
-    product_dq(acc_dq, pds_offset);
-    if constexpr (kKeepAhead) {
-      if (it + 1 < num_iters) {
-        const bool next_head = m_block + 1 == m_end;
-        make_keep_words<Traits>(keep, params, tScS_rc, tScS0_rc, batch, next_head ? head + 1 : head,
-                                (next_head ? m_begin : m_block + 1) * kBlockM, n0);
+  int head = head0, m_block = m_begin;
+  if constexpr (kKeysAsRows) {
+    // S^T = K Q^T and dP^T = V dO^T: warpgroup w's rows are keys 64w..64w + 63,
+    // its rows of dK and dV too, so P^T and dS^T are the register A operands of
+    // dV += P^T dO and dK += dS^T Q. Only dQ = dS K needs both warpgroups' dS^T:
+    // they meet once, after dV and dK are issued.
+    typename Traits::TiledMmaSdPt mma_sdpt;
+    typename Traits::TiledMmadKVFromRegisters mma_dkv_rs;
+    typename Traits::TiledMmadQFromKeyRows mma_dq_t;
+    static_assert(std::is_same_v<decltype(mma_dkv_rs.get_layoutC_TV()), decltype(mma_dkv.get_layoutC_TV())> &&
+                      std::is_same_v<decltype(mma_dq_t.get_layoutC_TV()), decltype(mma_dq.get_layoutC_TV())>,
+                  "dK, dV and dQ keep the accumulator layouts their epilogues (and dQ's scratch) assume");
+    Tensor sdSk = make_tensor(make_smem_ptr(storage.ds.data()), typename Traits::SmemLayoutdSKeyRows{});  // (N, M)
+    Tensor sdSq = make_tensor(sdSk.data(), typename Traits::SmemLayoutdSKeyRowsT{});                          // (M, N)
+    // Zero-initialised products at 64 query rows: an accumulator cleared in
+    // registers is an input of the MMA, and with dK in flight ptxas then waited
+    // for every product before dP^T (forward + backward +2% at d128, H100). With
+    // 128 rows (d64) ptxas found too few registers for it and serialized every
+    // product: there the accumulators are cleared.
+    constexpr bool kZeroInit = kBlockM == 64;
+    auto product_st = smem_product<Traits, false, false, kZeroInit>(mma_sdpt, sK, sQ, tidx);
+    auto product_dpt = smem_product<Traits, false, false, kZeroInit>(mma_sdpt, sV, sdO, tidx);
+    auto product_dq_t = smem_product<Traits, true, true, kZeroInit>(mma_dq_t, sdSq, sKt, tidx);
+    auto thr_dkv = mma_dkv_rs.get_thread_slice(tidx);
+    auto b_operand = [&](const auto& tile, int offset) {
+      return thr_dkv.partition_fragment_B(make_tensor(tile.data() + offset, tile.layout()));
+    };
+    // (key, query) -> its (query, key) coordinate: the masks take them in that order.
+    Tensor cSt = make_coord_tensor(make_layout(Shape<Int<kBlockN>, Int<kBlockM>>{}, make_stride(E<1>{}, E<0>{})));
+    auto thr_sdpt = mma_sdpt.get_thread_slice(tidx);
+    Tensor tStcSt = thr_sdpt.partition_C(cSt);
+    Tensor tStcSt0 = mma_sdpt.get_thread_slice(0).partition_C(cSt);
+    Tensor tStcSt_rc = make_tensor(tStcSt.data(), Traits::rowcol(tStcSt.layout()));
+    Tensor tStcSt0_rc = make_tensor(tStcSt0.data(), Traits::rowcol(tStcSt0.layout()));
+    const int query0 = get<0>(tStcSt_rc(0, 0));  // this thread's first query column
+    auto copy_ds = make_tiled_copy_C(typename Traits::SmemCopyAtomO{}, mma_sdpt);
+    Tensor tdSsdSk = copy_ds.get_thread_slice(tidx).partition_D(sdSk);
+    // dK issued last and waited for under the next iteration's S^T and dP^T, dQ
+    // added while dK multiplies: forward + backward +3% at d64 and d128 (H100).
+    // -DFLASHATTN_SM90_BWD_DK_IN_PLACE: dK issued before the barrier and
+    // everything waited for within the iteration, to compare.
+#if defined(FLASHATTN_SM90_BWD_DK_IN_PLACE)
+    constexpr bool kDkAcross = false;
+#else
+    constexpr bool kDkAcross = true;
+#endif
+    // dS^T, dK's register operand until its product is waited for.
+    Tensor rdS = make_tensor<Element>(partition_fragment_C(mma_sdpt, Shape<Int<kBlockN>, Int<kBlockM>>{}).layout());
+    Tensor tdKrdS = make_tensor(rdS.data(), Traits::c_to_a(rdS.layout()));
+    typename Pipeline::PipelineState last_state = state;
+    auto release = [&](typename Pipeline::PipelineState const& s) {
+      __syncwarp();
+      if (lane == 0) {  // Q and dO of this stage read: the producer may refill it
+        pipeline_q.consumer_release(s);
+        pipeline_do.consumer_release(s);
       }
-    }
-    products_wait<Traits, 1>(acc_dv, acc_dk);
-    __syncwarp();
-    if (lane == 0) {  // Q and dO of this stage read: the producer may refill it
-      pipeline_q.consumer_release(state);
-      pipeline_do.consumer_release(state);
-    }
-    products_wait<Traits, 0>(acc_dq);
-    add_dq<Traits>(params, mask, seq.workspace_row(params, batch, head), m0, n_block, acc_dq, tidx,
-                   ConsumersSync<Traits>{});
+    };
+    int ds_buffer = 0;
+    for (int it = 0; it < num_iters; ++it) {
+      const int m0 = m_block * kBlockM;
+      const int stage = state.index();
+      const int q_offset = stage * kQdOElems, ds_offset = ds_buffer * kPdSElems;
 
-    ++state;
-    pds_buffer ^= 1;
-    if (++m_block == m_end) m_block = m_begin, ++head;
+      Tensor acc_s = partition_fragment_C(mma_sdpt, Shape<Int<kBlockN>, Int<kBlockM>>{});
+      Tensor acc_dp = partition_fragment_C(mma_sdpt, Shape<Int<kBlockN>, Int<kBlockM>>{});
+      if constexpr (!kZeroInit) {
+        clear(acc_s);
+        clear(acc_dp);
+      }
+      pipeline_q.consumer_wait(state);
+      if (params.cu_seqlens_q != nullptr && m0 + kBlockM > seq.seqlen_q) {
+        Tensor sQs = make_tensor(sQ.data() + q_offset, sQ.layout());  // as below
+        Tensor sdOs = make_tensor(sdO.data() + q_offset, sdO.layout());
+        pipeline_do.consumer_wait(state);
+        zero_rows_from<Traits>(sQs, seq.seqlen_q - m0, tidx);
+        zero_rows_from<Traits>(sdOs, seq.seqlen_q - m0, tidx);
+        cutlass::arch::fence_view_async_shared();
+        consumers_sync<Traits>();
+      }
+      product_st(acc_s, 0, q_offset);
+      pipeline_do.consumer_wait(state);
+      product_dpt(acc_dp, 0, q_offset);
+      // The last iteration's dK, issued last, done: its stage is free. (Waited
+      // for unconditionally: ptxas serializes every wgmma of a kernel where
+      // some path may read an accumulator still in flight.)
+      if constexpr (kDkAcross) {
+        products_wait<Traits, 2>(acc_dk);
+        warpgroup_fence_operand(rdS);
+        if (it > 0) release(last_state);
+      }
+      const QueryColumnStats<decltype(tStcSt0_rc)> stats{storage.lse_hi[stage] + query0, storage.lse_lo[stage] + query0,
+                                                        storage.d[stage] + query0, tStcSt0_rc};
+      products_wait<Traits, 1>(acc_s);
+      p_and_ds<Traits, kScoreMods, false>(acc_s, acc_dp, stats, params, mask, tStcSt, tStcSt0, tStcSt_rc,
+                                          tStcSt0_rc, batch, head, m0, n0);
+      Tensor rP = convert_fragment<Element>(acc_s);
+      convert_fragment_into(acc_dp, rdS);
+      Tensor tdVrP = make_tensor(rP.data(), Traits::c_to_a(rP.layout()));
+      wgmma_issue<false>(mma_dkv_rs, tdVrP, b_operand(sdOt, q_offset), acc_dv);
+      // dS^T into this iteration's buffer, while dV multiplies. The buffer was
+      // last read by dQ two iterations ago, which both warpgroups waited for
+      // before the last barrier.
+      copy(copy_ds, make_tensor(rdS.data(), copy_ds.retile(rdS.layout())),
+           make_tensor(tdSsdSk.data() + ds_offset, tdSsdSk.layout()));
+      cutlass::arch::fence_view_async_shared();
+      if constexpr (!kDkAcross) wgmma_issue<false>(mma_dkv_rs, tdKrdS, b_operand(sQt, q_offset), acc_dk);
+      consumers_sync<Traits>();  // both warpgroups' dS^T written
+
+      Tensor acc_dq = partition_fragment_C(mma_dq_t, Shape<Int<kBlockM>, Int<kHeadDim>>{});
+      if constexpr (!kZeroInit) clear(acc_dq);
+      product_dq_t(acc_dq, ds_offset);
+      if constexpr (kDkAcross) {
+        wgmma_issue<false>(mma_dkv_rs, tdKrdS, b_operand(sQt, q_offset), acc_dk);
+        products_wait<Traits, 1>(acc_dv, acc_dq);
+      } else {
+        products_wait<Traits, 1>(acc_dv, acc_dk);
+        warpgroup_fence_operand(rdS);
+        release(state);
+        products_wait<Traits, 0>(acc_dq);
+      }
+      warpgroup_fence_operand(rP);  // the registers dV read stay its own until here
+      add_dq<Traits>(params, mask, seq.workspace_row(params, batch, head), m0, n_block, acc_dq, tidx,
+                     ConsumersSync<Traits>{});
+
+      last_state = state;
+      ++state;
+      ds_buffer ^= 1;
+      if (++m_block == m_end) m_block = m_begin, ++head;
+    }
+    if constexpr (kDkAcross) {
+      products_wait<Traits, 0>(acc_dk);
+      warpgroup_fence_operand(rdS);
+      if (num_iters > 0) release(last_state);
+    }
+  } else {
+    int pds_buffer = 0;
+    if constexpr (kKeepAhead) {
+      if (num_iters > 0) make_keep_words<Traits>(keep, params, tScS_rc, tScS0_rc, batch, head, m_block * kBlockM, n0);
+    }
+    for (int it = 0; it < num_iters; ++it) {
+      const int m0 = m_block * kBlockM;
+      const int stage = state.index();
+      const int q_offset = stage * kQdOElems, pds_offset = pds_buffer * kPdSElems;
+
+      Tensor acc_s = partition_fragment_C(mma_sdp, Shape<Int<kBlockM>, Int<kBlockN>>{});
+      Tensor acc_dp = partition_fragment_C(mma_sdp, Shape<Int<kBlockM>, Int<kBlockN>>{});
+      clear(acc_s);
+      clear(acc_dp);
+      pipeline_q.consumer_wait(state);
+      if (params.cu_seqlens_q != nullptr && m0 + kBlockM > seq.seqlen_q) {
+        // A varlen sequence's last query block: TMA read the next sequence's rows
+        // past its end. Their P and dS are 0, but 0 * Inf is NaN in dV and dK:
+        // zero them (the tiles of this stage, both warpgroups' rows).
+        Tensor sQs = make_tensor(sQ.data() + q_offset, sQ.layout());
+        Tensor sdOs = make_tensor(sdO.data() + q_offset, sdO.layout());
+        pipeline_do.consumer_wait(state);
+        zero_rows_from<Traits>(sQs, seq.seqlen_q - m0, tidx);
+        zero_rows_from<Traits>(sdOs, seq.seqlen_q - m0, tidx);
+        cutlass::arch::fence_view_async_shared();  // generic writes, read by wgmma
+        consumers_sync<Traits>();
+      }
+      product_s(acc_s, q_offset);
+      pipeline_do.consumer_wait(state);
+      product_dp(acc_dp, q_offset);
+      if constexpr (kKeepUnderSdP) make_keep_words<Traits>(keep, params, tScS_rc, tScS0_rc, batch, head, m0, n0);
+
+      RowStats<kRows> stats;
+      CUTE_UNROLL
+      for (int r = 0; r < kRows; ++r) {
+        const int row = get<0>(tScS_rc(r, 0));
+        stats.hi[r] = storage.lse_hi[stage][row];
+        stats.lo[r] = storage.lse_lo[stage][row];
+        stats.d[r] = storage.d[stage][row];
+      }
+      products_wait<Traits, 1>(acc_s);
+      if constexpr (kKeepWords) {
+        p_and_ds<Traits, kScoreMods, kDropout>(acc_s, acc_dp, stats, params, mask, tScS, tScS0, tScS_rc, tScS0_rc,
+                                               batch, head, m0, n0, keep);
+      } else {
+        p_and_ds<Traits, kScoreMods, kDropout>(acc_s, acc_dp, stats, params, mask, tScS, tScS0, tScS_rc, tScS0_rc,
+                                               batch, head, m0, n0);
+      }
+      Tensor rP = convert_fragment<Element>(acc_s);
+      Tensor rdS = convert_fragment<Element>(acc_dp);
+      copy(copy_pds, make_tensor(rP.data(), copy_pds.retile(rP.layout())),
+           make_tensor(tPsP.data() + pds_offset, tPsP.layout()));
+      copy(copy_pds, make_tensor(rdS.data(), copy_pds.retile(rdS.layout())),
+           make_tensor(tdSsdS.data() + pds_offset, tdSsdS.layout()));
+      cutlass::arch::fence_view_async_shared();
+      // P and dS of both warpgroups written. The buffer written next iteration was
+      // last read by the products of the previous one, which every warpgroup
+      // waited for before arriving here.
+      consumers_sync<Traits>();
+
+      Tensor acc_dq = partition_fragment_C(mma_dq, Shape<Int<kBlockM>, Int<kHeadDim>>{});
+      clear(acc_dq);
+      product_dv(acc_dv, pds_offset, q_offset);
+      product_dk(acc_dk, pds_offset, q_offset);
+      product_dq(acc_dq, pds_offset);
+      if constexpr (kKeepAhead) {
+        if (it + 1 < num_iters) {
+          const bool next_head = m_block + 1 == m_end;
+          make_keep_words<Traits>(keep, params, tScS_rc, tScS0_rc, batch, next_head ? head + 1 : head,
+                                  (next_head ? m_begin : m_block + 1) * kBlockM, n0);
+        }
+      }
+      products_wait<Traits, 1>(acc_dv, acc_dk);
+      __syncwarp();
+      if (lane == 0) {  // Q and dO of this stage read: the producer may refill it
+        pipeline_q.consumer_release(state);
+        pipeline_do.consumer_release(state);
+      }
+      products_wait<Traits, 0>(acc_dq);
+      add_dq<Traits>(params, mask, seq.workspace_row(params, batch, head), m0, n_block, acc_dq, tidx,
+                     ConsumersSync<Traits>{});
+
+      ++state;
+      pds_buffer ^= 1;
+      if (++m_block == m_end) m_block = m_begin, ++head;
+    }
   }
 
   Tensor sdK = make_tensor(sQ.data(), typename Traits::SmemLayoutKV{});

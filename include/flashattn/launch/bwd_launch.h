@@ -53,19 +53,22 @@ void launch_bwd_kernel(const BwdParams& params, cudaStream_t stream, LaunchMain 
     bwd_convert_dq_kernel<Traits><<<convert_grid, Traits::kNThreads, kConvertSmem, stream>>>(params);
 }
 
-// A family may run a main kernel of its own (Kernel::launch_main: the sm90
-// family's warp-specialised one) between the shared passes.
+// A family may launch the passes itself (Kernel::launch_all: the sm90 family's
+// warp-specialised main kernels between the shared passes, a tile per variant).
 template <typename Kernel, typename = void>
-struct HasOwnBwdMain : std::false_type {};
+struct HasOwnBwdLaunch : std::false_type {};
 template <typename Kernel>
-struct HasOwnBwdMain<Kernel, std::void_t<decltype(&Kernel::launch_main)>> : std::true_type {};
+struct HasOwnBwdLaunch<Kernel, std::void_t<decltype(&Kernel::launch_all)>> : std::true_type {};
 
 template <typename Kernel>
 void launch_bwd(const BwdParams& params, cudaStream_t stream) {
   if constexpr (Kernel::kBuilt) {
-    using Traits = typename Kernel::Traits;
-    if constexpr (HasOwnBwdMain<Kernel>::value) launch_bwd_kernel<Traits>(params, stream, &Kernel::launch_main);
-    else launch_bwd_kernel<Traits>(params, stream, &launch_bwd_main<Traits>);  // instantiated only here
+    if constexpr (HasOwnBwdLaunch<Kernel>::value) {
+      Kernel::launch_all(params, stream);
+    } else {
+      using Traits = typename Kernel::Traits;
+      launch_bwd_kernel<Traits>(params, stream, &launch_bwd_main<Traits>);  // instantiated only here
+    }
   }
 }
 

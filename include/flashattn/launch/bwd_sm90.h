@@ -1,9 +1,8 @@
 // sm90 family backward: the warp-specialised main kernel (kernel/bwd_sm90.h)
 // between the shared preprocess and dQ conversion passes, and its tile per
-// head-dim bucket. Two consumer warpgroups; a query block of 64 rows; 128 keys
-// per CTA up to d128 (the warpgroups split the keys of dK, dV), 64 above (they
-// split the head dim). Shared memory: two Q and two dO stages, K, V, two P and
-// two dS buffers: 192 KB at d128, 224 KB at d256.
+// head-dim bucket and variant. Two consumer warpgroups. Shared memory: two Q and
+// two dO stages, K, V, two dS buffers and (queries as rows) two P buffers: 192 KB
+// at d128 with dropout, 160 KB without, 224 KB at d256.
 #pragma once
 
 #include "flashattn/arch/sm90.h"
@@ -13,15 +12,20 @@
 
 namespace flashattn {
 
+// The tile of a head-dim bucket and kernel variant: 64 query rows per
+// iteration, 128 keys per CTA up to d128 (the warpgroups split the keys of dK
+// and dV), 64 above (they split the head dim). At d64 without dropout or score
+// modifiers (keys as the rows of S and dP, kernel/bwd_sm90.h) 128 query rows:
+// with softcap's derivative beside S, that tile spills 372 B.
 #if defined(FLASHATTN_SM90_BWD_TILE_M) && defined(FLASHATTN_SM90_BWD_TILE_N)
-template <int kHeadDim>
+template <int kHeadDim, bool kPlain>
 struct Sm90BwdTile {
   static constexpr int kM = FLASHATTN_SM90_BWD_TILE_M, kN = FLASHATTN_SM90_BWD_TILE_N;
 };
 #else
-template <int kHeadDim>
+template <int kHeadDim, bool kPlain>
 struct Sm90BwdTile {
-  static constexpr int kM = 64, kN = kHeadDim <= 128 ? 128 : 64;
+  static constexpr int kM = kHeadDim <= 64 && kPlain ? 128 : 64, kN = kHeadDim <= 128 ? 128 : 64;
 };
 #endif
 
@@ -42,7 +46,7 @@ BwdWsLoads<Traits> make_bwd_ws_loads(const BwdParams& p) {
 
 template <typename Traits, bool kScoreMods, bool kDropout>
 void launch_bwd_ws_variant(const BwdParams& params, cudaStream_t stream) {
-  constexpr int kSmem = int(sizeof(BwdWsSharedStorage<Traits>));
+  constexpr int kSmem = int(sizeof(BwdWsSharedStorage<Traits, bwd_keys_as_rows<Traits, kDropout>()>));
   static_assert(kSmem <= Traits::kMaxSmemBytes, "the tile needs more shared memory than Hopper gives a CTA");
   opt_in_smem<bwd_ws_kernel<Traits, kScoreMods, kDropout>>(kSmem, params.device);
   bwd_ws_kernel<Traits, kScoreMods, kDropout>
@@ -54,14 +58,25 @@ void launch_bwd_ws_variant(const BwdParams& params, cudaStream_t stream) {
 template <typename Element, int kHeadDim, TileSet kSet>
 struct Sm90Bwd {
   static constexpr bool kBuilt = kSet == TileSet::kDefault;
-  using T = Sm90BwdTile<kHeadDim>;
-  using Traits = Sm90BwdWsTraits<Element, kHeadDim, T::kM, T::kN, /*warpgroups=*/2, /*S, dP rows=*/T::kM / 64,
-                                 /*dK, dV rows=*/T::kN / 64, /*dQ rows=*/T::kM / 64>;
-  using SharedStorage = BwdWsSharedStorage<Traits>;
+  // kPlain: neither score modifiers nor dropout.
+  template <bool kPlain>
+  using TraitsFor = Sm90BwdWsTraits<Element, kHeadDim, Sm90BwdTile<kHeadDim, kPlain>::kM,
+                                    Sm90BwdTile<kHeadDim, kPlain>::kN, /*warpgroups=*/2,
+                                    /*S, dP rows=*/Sm90BwdTile<kHeadDim, kPlain>::kM / 64,
+                                    /*dK, dV rows=*/Sm90BwdTile<kHeadDim, kPlain>::kN / 64,
+                                    /*dQ rows=*/Sm90BwdTile<kHeadDim, kPlain>::kM / 64>;
+  // The larger variant's (the kernel table's shared-memory figure).
+  using PlainStorage = BwdWsSharedStorage<TraitsFor<true>, bwd_keys_as_rows<TraitsFor<true>, false>()>;
+  using DropoutStorage = BwdWsSharedStorage<TraitsFor<false>, false>;
+  using SharedStorage =
+      std::conditional_t<(sizeof(PlainStorage) >= sizeof(DropoutStorage)), PlainStorage, DropoutStorage>;
 
-  static void launch_main(const BwdParams& params, cudaStream_t stream) {
+  // The three passes of the variant's tile (the dQ accumulator's layout follows it).
+  static void launch_all(const BwdParams& params, cudaStream_t stream) {
     launch_variant(params, [&](auto score_mods, auto dropout) {
-      launch_bwd_ws_variant<Traits, decltype(score_mods)::value, decltype(dropout)::value>(params, stream);
+      using Traits = TraitsFor<!decltype(score_mods)::value && !decltype(dropout)::value>;
+      launch_bwd_kernel<Traits>(params, stream,
+                                &launch_bwd_ws_variant<Traits, decltype(score_mods)::value, decltype(dropout)::value>);
     });
   }
 };
