@@ -302,7 +302,7 @@ __global__ void __launch_bounds__(Traits::kCtaThreads, 1)
     // S^T = K Q^T and dP^T = V dO^T: warpgroup w's rows are keys 64w..64w + 63,
     // its rows of dK and dV too, so P^T and dS^T are the register A operands of
     // dV += P^T dO and dK += dS^T Q. Only dQ = dS K needs both warpgroups' dS^T:
-    // they meet once, after dV and dK are issued.
+    // they meet once, after dV is issued and dS^T stored.
     typename Traits::TiledMmaSdPt mma_sdpt;
     typename Traits::TiledMmadKVFromRegisters mma_dkv_rs;
     typename Traits::TiledMmadQFromKeyRows mma_dq_t;
