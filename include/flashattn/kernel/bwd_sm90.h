@@ -5,15 +5,16 @@
 // block) into a ring of shared-memory stages (Q and dO by TMA from one lane, lse
 // and D by its warp) while two consumer warpgroups run the five products as
 // warpgroup MMAs. Two loops:
-// - keys as rows (d <= 128 without dropout): S^T = K Q^T, dP^T = V dO^T, P^T and
-//   dS^T (p_and_ds), dV += P^T dO and dK += dS^T Q from registers, dQ = dS K from
-//   dS^T in shared memory, added into the fp32 accumulator (add_dq). Each
-//   warpgroup's rows are its own keys, so only dQ waits for both: the consumers
-//   meet once per iteration, after dV is issued.
-// - queries as rows (dropout, whose keep masks follow the forward's rows; d > 128,
-//   where the warpgroups split the head dim of dK and dV): S = Q K^T, dP = dO V^T,
-//   P and dS through shared memory (double-buffered), dV += P^T dO, dK += dS^T Q,
-//   dQ = dS K; the consumers meet once per iteration, after writing P and dS.
+// - keys as rows (d <= 128): S^T = K Q^T, dP^T = V dO^T, P^T and dS^T
+//   (p_and_ds), dV += P^T dO and dK += dS^T Q from registers, dQ = dS K from dS^T
+//   in shared memory, added into the fp32 accumulator (add_dq). Each warpgroup's
+//   rows are its own keys, so only dQ waits for both: the consumers meet once per
+//   iteration, after dV is issued. Dropout's keep masks follow the forward's
+//   rows: the warpgroups exchange them through shared memory (KeepExchange).
+// - queries as rows (d > 128, where the warpgroups split the head dim of dK and
+//   dV): S = Q K^T, dP = dO V^T, P and dS through shared memory (double-buffered),
+//   dV += P^T dO, dK += dS^T Q, dQ = dS K; the consumers meet once per iteration,
+//   after writing P and dS.
 // Producer and consumers meet at mbarriers (a full/empty pair per stage for Q +
 // lse and for dO + D, cutlass::PipelineTmaAsync). `setmaxnreg` hands the
 // producer's registers to the consumers. Masks, score modifiers, dropout, GQA,
@@ -33,15 +34,17 @@ namespace flashattn {
 using namespace cute;
 
 // Keys as the rows of S and dP (bwd_ws_kernel's first loop), where the tile
-// allows it and without dropout, whose keep masks follow the rows of the
-// forward's S. -DFLASHATTN_SM90_BWD_QUERIES_AS_ROWS: queries as rows everywhere,
-// to compare.
+// allows it (d <= 128). -DFLASHATTN_SM90_BWD_QUERIES_AS_ROWS: queries as rows
+// everywhere, -DFLASHATTN_SM90_BWD_DROPOUT_QUERIES_AS_ROWS: with dropout, to
+// compare.
 template <typename Traits, bool kDropout>
 constexpr bool bwd_keys_as_rows() {
 #if defined(FLASHATTN_SM90_BWD_QUERIES_AS_ROWS)
   return false;
-#else
+#elif defined(FLASHATTN_SM90_BWD_DROPOUT_QUERIES_AS_ROWS)
   return Traits::kKeysAsRowsFits && !kDropout;
+#else
+  return Traits::kKeysAsRowsFits;
 #endif
 }
 
@@ -61,7 +64,20 @@ struct SmemTileRing<Element, Layout, 0> {
 // descriptors assume for each tile's base). dK and dV are staged at the end
 // where the Q and dO stages were. P goes through shared memory only where the
 // queries are the rows of S.
-template <typename Traits, bool kKeysAsRows>
+// Dropout with keys as rows: the keep masks' Philox calls of a tile, made once
+// by the warpgroup whose keys they cover and read by the threads that hold their
+// elements (KeepExchange). Per call (row pair p, column group g of the tile; see
+// kernel/dropout.h, lane units), its words 0-1 and 2-3 (8-column groups 0-1 and
+// 2-3 of its 32-column span) as two 8-byte halves, g swizzled by p so that a
+// warp's gathers hit every bank once.
+template <int kBlockM, int kGroups, bool kUsed>
+struct KeepExchangeStorage {
+  uint2 words[kBlockM / 2][2][kGroups];
+};
+template <int kBlockM, int kGroups>
+struct KeepExchangeStorage<kBlockM, kGroups, false> {};
+
+template <typename Traits, bool kKeysAsRows, bool kKeepExchange = false>
 struct BwdWsSharedStorage {
   using Element = typename Traits::Element;
   using Pipeline = typename Traits::Pipeline;
@@ -77,8 +93,14 @@ struct BwdWsSharedStorage {
   float lse_hi[Traits::kStages][Traits::kBlockM];
   float lse_lo[Traits::kStages][Traits::kBlockM];
   float d[Traits::kStages][Traits::kBlockM];
+  KeepExchangeStorage<Traits::kBlockM, Traits::kBlockN / 8, kKeepExchange> keep;
   typename Pipeline::SharedStorage pipeline_q, pipeline_do;
 };
+
+// The storage of the kernel variant (kDropout: with dropout).
+template <typename Traits, bool kDropout>
+using BwdWsStorageFor = BwdWsSharedStorage<Traits, bwd_keys_as_rows<Traits, kDropout>(),
+                                           bwd_keys_as_rows<Traits, kDropout>() && kDropout>;
 
 // The TMA descriptors of Q and dO (launch/bwd_sm90.h makes them per call).
 template <typename Traits>
@@ -100,6 +122,108 @@ struct QueryColumnStats {
   __device__ __forceinline__ float d_of(int, int c) const { return d[query(c)]; }
 };
 
+// The keys-as-rows tile's keep masks (dropout). The masks are defined on the
+// forward's rows (kernel/dropout.h): one Philox call gives a lane of the forward
+// rows {i, i + 8} x its 8 columns of a 32-column span, of which a thread holding
+// keys as rows has 4 (keys {k, k + 8} x queries {i, i + 8}), and two warps hold
+// the rest. So each warpgroup makes the calls of its 64 keys once (kBlockM / 32 a
+// thread) into shared memory (publish), and after a barrier of the warpgroup each
+// thread gathers its masks from them (gather): one 8-byte load gives the bytes
+// of its 2 keys x 2 queries of one call.
+// 0xFFFF in each half of the result whose 16-bit number (a byte, zero-extended)
+// is below the threshold in that half of `threshold2` (as kernel/dropout.h's
+// keep_halves, whose bytes come from one word).
+__device__ __forceinline__ uint32_t keep_below(uint32_t halves, uint32_t threshold2) {
+  uint32_t mask;
+  asm("set.lt.u32.f16x2 %0, %1, %2;" : "=r"(mask) : "r"(halves), "r"(threshold2));
+  return mask;
+}
+
+template <typename Traits>
+struct KeepExchange {
+  static constexpr int kBlockM = Traits::kBlockM;
+  static constexpr int kGroups = Traits::kBlockN / 8;  // calls across the tile's keys: 4 lanes x 32-column spans
+  static_assert(Traits::kBlockN == 128 && kBlockM % 32 == 0, "two warpgroups of 64 keys, whole calls per thread");
+  using Storage = KeepExchangeStorage<kBlockM, kGroups, true>;
+  Storage& storage;
+  int wg, wg_tidx;  // this thread's warpgroup and its index there
+
+  // Byte offset of (row pair, half, group)'s slot: row pairs 2j and 2j + 1 share
+  // the swizzle, so a thread's slots lie at immediate offsets from one address.
+  __device__ static uint32_t offset(int pair, int half, int group) {
+    return uint32_t(((pair * 2 + half) * kGroups + (group + 4 * (pair / 2 % 4)) % kGroups) * sizeof(uint2));
+  }
+  static constexpr uint32_t kPairBytes = 2 * kGroups * sizeof(uint2);
+  __device__ uint32_t base() const { return cast_smem_ptr_to_uint(&storage.words[0][0][0]); }
+  __device__ static void store(uint32_t address, uint32_t lo, uint32_t hi) {
+    asm volatile("st.shared.v2.b32 [%0], {%1, %2};\n" ::"r"(address), "r"(lo), "r"(hi));
+  }
+  __device__ static uint2 load(uint32_t address) {
+    uint2 v;
+    asm volatile("ld.shared.v2.b32 {%0, %1}, [%2];\n" : "=r"(v.x), "=r"(v.y) : "r"(address));
+    return v;
+  }
+
+  // This warpgroup's calls of the tile at (m0, n0) of query head `head`: thread t
+  // makes column group 8 wg + t % 8 of row pairs 2 (t / 8) and the next.
+  __device__ __forceinline__ void publish(const BwdParams& params, int batch, int head, int m0, int n0) const {
+    const Dropout<Traits> drop(params, batch, head);
+    constexpr int kCalls = kBlockM / 32;
+    static_assert(kCalls == 2, "a thread's two row pairs share the swizzle");
+    const int group = 8 * wg + wg_tidx % 8, pair0 = kCalls * (wg_tidx / 8);
+    const uint32_t address = base() + offset(pair0, 0, group);
+    CUTE_UNROLL
+    for (int e = 0; e < kCalls; ++e) {
+      const uint4 x = philox4x32_7(make_uint4(uint32_t(n0 / 8 + group), uint32_t(m0 / 2 + pair0 + e),
+                                              uint32_t(drop.counter_base), uint32_t(drop.counter_base >> 32)));
+      store(address + e * kPairBytes, x.x, x.y);
+      store(address + e * kPairBytes + kPairBytes / 2, x.z, x.w);
+    }
+  }
+
+  // keep[r][j]: p_and_ds's mask word of the elements (r, 2j), (r, 2j + 1) of the
+  // (keys, queries) view: keys k0 + 8r, queries 8j + 2 (lane % 4) + {0, 1}, with
+  // k0 = 16 warp + lane / 4 of the warpgroup's keys. Query i is in row pair
+  // i / 16 * 8 + i % 8, byte 2 (i / 8 % 2) + k % 2 of word k / 8 % 4 of the call.
+  template <int kPairs>
+  __device__ __forceinline__ void gather(uint32_t (&keep)[2][kPairs], const BwdParams& params) const {
+    static_assert(kPairs == kBlockM / 8);
+    const int lane = wg_tidx % 32, warp = wg_tidx / 32;
+    const int key8 = lane / 4;                              // k0 % 8
+    const int group = 8 * wg + 4 * (warp / 2) + key8 / 2;  // k0 / 32 * 4 + k0 % 8 / 2
+    const int half = warp % 2;                              // k0 / 16 % 2: words 2 half, 2 half + 1
+    const uint32_t parity = uint32_t(key8 % 2);
+    // Byte b of the first word to the low half, of the second to the high half.
+    const uint32_t select[2] = {0x4400u + 0x1111u * parity, 0x4400u + 0x1111u * (parity + 2)};
+    uint32_t threshold2[2][2];
+    CUTE_UNROLL
+    for (int r = 0; r < 2; ++r) {
+      CUTE_UNROLL
+      for (int s = 0; s < 2; ++s) {
+        const uint32_t byte = 4u * uint32_t(2 * half + r) + 2u * uint32_t(s) + parity;
+        const uint32_t t = params.dropout_threshold + (byte < params.dropout_dither);
+        threshold2[r][s] = t | (t << 16);
+      }
+    }
+    const uint32_t address = base() + offset(2 * (lane % 4), half, group);
+    CUTE_UNROLL
+    for (int h = 0; h < kBlockM / 16; ++h) {
+      // Row pairs 8h + 2 (lane % 4) and the next.
+      const uint2 even = load(address + 8 * h * kPairBytes), odd = load(address + (8 * h + 1) * kPairBytes);
+      CUTE_UNROLL
+      for (int r = 0; r < 2; ++r) {
+        CUTE_UNROLL
+        for (int s = 0; s < 2; ++s) {
+          uint32_t halves;
+          asm("prmt.b32 %0, %1, %2, %3;" : "=r"(halves) : "r"(r ? even.y : even.x), "r"(r ? odd.y : odd.x),
+              "r"(select[s]));
+          keep[r][2 * h + s] = keep_below(halves & 0x00FF00FFu, threshold2[r][s]);
+        }
+      }
+    }
+  }
+};
+
 template <typename Traits, bool kScoreMods, bool kDropout = false>
 __global__ void __launch_bounds__(Traits::kCtaThreads, 1)
     bwd_ws_kernel(const BwdParams params, const __grid_constant__ BwdWsLoads<Traits> loads) {
@@ -109,7 +233,7 @@ __global__ void __launch_bounds__(Traits::kCtaThreads, 1)
   constexpr int kBlockN = Traits::kBlockN;
   constexpr int kHeadDim = Traits::kHeadDim;
   constexpr bool kKeysAsRows = bwd_keys_as_rows<Traits, kDropout>();
-  using Storage = BwdWsSharedStorage<Traits, kKeysAsRows>;
+  using Storage = BwdWsStorageFor<Traits, kDropout>;
   static_assert(sizeof(Storage::q) >= sizeof(Storage::k) && sizeof(Storage::d_o) >= sizeof(Storage::v),
                 "dK and dV are staged where the Q and dO stages were");
 
@@ -241,28 +365,6 @@ __global__ void __launch_bounds__(Traits::kCtaThreads, 1)
   Tensor tScS0_rc = make_tensor(tScS0.data(), Traits::rowcol(tScS0.layout()));
   constexpr int kRows = decltype(size<0>(tScS_rc))::value;
   constexpr int kPairs = decltype(size<1>(tScS_rc))::value / 2;
-  // Dropout: a tile's keep masks are made during the previous tile's dV, dK and
-  // dQ products (before the first tile, here), off the path from S to dS. Forward
-  // + backward with dropout, H100: +4% at d128, -1-2% at d64, -2-3% at d256
-  // (docs/perf-notes.md), so from d96 to d128. Not with score modifiers, whose
-  // d128 kernel spills in its loop already. At d128 the masks made under S and dP
-  // instead (below; -DFLASHATTN_SM90_BWD_NO_KEEP_AHEAD) time the same (+0.5%).
-#if defined(FLASHATTN_SM90_BWD_NO_KEEP_AHEAD)
-  constexpr bool kKeepAhead = false;
-#else
-  constexpr bool kKeepAhead = kDropout && !kScoreMods && kHeadDim > 64 && kHeadDim <= 128;
-#endif
-  // Elsewhere (d64, above d128), a tile's keep masks are made under its own S and
-  // dP products, between their issue and the wait for S, rather than after dP
-  // landed: forward + backward with dropout, H100, d64 +1.8%, d256 +1.0% (no cell
-  // slower). -DFLASHATTN_SM90_BWD_KEEP_IN_PLACE: after dP, to compare.
-#if defined(FLASHATTN_SM90_BWD_KEEP_IN_PLACE)
-  constexpr bool kKeepUnderSdP = false;
-#else
-  constexpr bool kKeepUnderSdP = kDropout && !kScoreMods && !kKeepAhead;
-#endif
-  constexpr bool kKeepWords = kKeepAhead || kKeepUnderSdP;
-  uint32_t keep[kKeepWords ? kRows : 1][kKeepWords ? kPairs : 1];
   auto copy_pds = make_tiled_copy_C(typename Traits::SmemCopyAtomO{}, mma_sdp);
   Tensor tPsP = copy_pds.get_thread_slice(tidx).partition_D(sP);
   Tensor tdSsdS = copy_pds.get_thread_slice(tidx).partition_D(sdS);
@@ -298,6 +400,22 @@ __global__ void __launch_bounds__(Traits::kCtaThreads, 1)
 
   typename Pipeline::PipelineState state;  // stage 0, phase 0: the producer's order
   int head = head0, m_block = m_begin;
+  // Each iteration's start: its stage's Q landed. In a varlen sequence's last
+  // query block TMA read the next sequence's rows past its end: their P and dS
+  // are 0, but 0 * Inf is NaN in dV and dK, so those rows of the stage's Q and dO
+  // are zeroed (both warpgroups' rows; dO waited for here then).
+  auto wait_q = [&](typename Pipeline::PipelineState const& s, int q_offset, int m0) {
+    pipeline_q.consumer_wait(s);
+    if (params.cu_seqlens_q != nullptr && m0 + kBlockM > seq.seqlen_q) {
+      Tensor sQs = make_tensor(sQ.data() + q_offset, sQ.layout());
+      Tensor sdOs = make_tensor(sdO.data() + q_offset, sdO.layout());
+      pipeline_do.consumer_wait(s);
+      zero_rows_from<Traits>(sQs, seq.seqlen_q - m0, tidx);
+      zero_rows_from<Traits>(sdOs, seq.seqlen_q - m0, tidx);
+      cutlass::arch::fence_view_async_shared();  // generic writes, read by wgmma
+      consumers_sync<Traits>();
+    }
+  };
   if constexpr (kKeysAsRows) {
     // S^T = K Q^T and dP^T = V dO^T: warpgroup w's rows are keys 64w..64w + 63,
     // its rows of dK and dV too, so P^T and dS^T are the register A operands of
@@ -346,6 +464,13 @@ __global__ void __launch_bounds__(Traits::kCtaThreads, 1)
     // dS^T, dK's register operand until its product is waited for.
     Tensor rdS = make_tensor<Element>(partition_fragment_C(mma_sdpt, Shape<Int<kBlockN>, Int<kBlockM>>{}).layout());
     Tensor tdKrdS = make_tensor(rdS.data(), Traits::c_to_a(rdS.layout()));
+    // Dropout: the tile's keep masks, made under its S^T and dP^T and gathered
+    // once dS^T's registers are free.
+    uint32_t keep[2][kDropout ? kBlockM / 8 : 1];
+    [[maybe_unused]] auto keep_exchange = [&] {
+      if constexpr (kDropout) return KeepExchange<Traits>{storage.keep, tidx / 128, tidx % 128};
+      else return 0;
+    }();
     typename Pipeline::PipelineState last_state = state;
     auto release = [&](typename Pipeline::PipelineState const& s) {
       __syncwarp();
@@ -366,19 +491,12 @@ __global__ void __launch_bounds__(Traits::kCtaThreads, 1)
         clear(acc_s);
         clear(acc_dp);
       }
-      pipeline_q.consumer_wait(state);
-      if (params.cu_seqlens_q != nullptr && m0 + kBlockM > seq.seqlen_q) {
-        Tensor sQs = make_tensor(sQ.data() + q_offset, sQ.layout());  // as below
-        Tensor sdOs = make_tensor(sdO.data() + q_offset, sdO.layout());
-        pipeline_do.consumer_wait(state);
-        zero_rows_from<Traits>(sQs, seq.seqlen_q - m0, tidx);
-        zero_rows_from<Traits>(sdOs, seq.seqlen_q - m0, tidx);
-        cutlass::arch::fence_view_async_shared();
-        consumers_sync<Traits>();
-      }
+      wait_q(state, q_offset, m0);
       product_st(acc_s, 0, q_offset);
       pipeline_do.consumer_wait(state);
       product_dpt(acc_dp, 0, q_offset);
+      // This tile's calls into the exchange (last read before the last barrier).
+      if constexpr (kDropout) keep_exchange.publish(params, batch, head, m0, n0);
       // The last iteration's dK, issued last, done: its stage is free. (Waited
       // for unconditionally: ptxas serializes every wgmma of a kernel where
       // some path may read an accumulator still in flight.)
@@ -387,11 +505,20 @@ __global__ void __launch_bounds__(Traits::kCtaThreads, 1)
         warpgroup_fence_operand(rdS);
         if (it > 0) release(last_state);
       }
+      if constexpr (kDropout) {
+        warpgroup_sync(tidx / 128);
+        keep_exchange.gather(keep, params);
+      }
       const QueryColumnStats<decltype(tStcSt0_rc)> stats{storage.lse_hi[stage] + query0, storage.lse_lo[stage] + query0,
                                                         storage.d[stage] + query0, tStcSt0_rc};
       products_wait<Traits, 1>(acc_s);
-      p_and_ds<Traits, kScoreMods, false>(acc_s, acc_dp, stats, params, mask, tStcSt, tStcSt0, tStcSt_rc,
-                                          tStcSt0_rc, batch, head, m0, n0);
+      if constexpr (kDropout) {
+        p_and_ds<Traits, kScoreMods, true>(acc_s, acc_dp, stats, params, mask, tStcSt, tStcSt0, tStcSt_rc,
+                                           tStcSt0_rc, batch, head, m0, n0, keep);
+      } else {
+        p_and_ds<Traits, kScoreMods, false>(acc_s, acc_dp, stats, params, mask, tStcSt, tStcSt0, tStcSt_rc,
+                                            tStcSt0_rc, batch, head, m0, n0);
+      }
       Tensor rP = convert_fragment<Element>(acc_s);
       convert_fragment_into(acc_dp, rdS);
       Tensor tdVrP = make_tensor(rP.data(), Traits::c_to_a(rP.layout()));
@@ -432,10 +559,19 @@ __global__ void __launch_bounds__(Traits::kCtaThreads, 1)
       if (num_iters > 0) release(last_state);
     }
   } else {
+    // Dropout (d > 128; d <= 128 with -DFLASHATTN_SM90_BWD_DROPOUT_QUERIES_AS_ROWS):
+    // a tile's keep masks are made under its own S and dP products, between their
+    // issue and the wait for S, rather than after dP landed: forward + backward
+    // with dropout, H100, d64 +1.8%, d256 +1.0% (no cell slower).
+    // -DFLASHATTN_SM90_BWD_KEEP_IN_PLACE: after dP, to compare. Not with score
+    // modifiers, whose kernels spill in their loop already.
+#if defined(FLASHATTN_SM90_BWD_KEEP_IN_PLACE)
+    constexpr bool kKeepWords = false;
+#else
+    constexpr bool kKeepWords = kDropout && !kScoreMods;
+#endif
+    uint32_t keep[kKeepWords ? kRows : 1][kKeepWords ? kPairs : 1];
     int pds_buffer = 0;
-    if constexpr (kKeepAhead) {
-      if (num_iters > 0) make_keep_words<Traits>(keep, params, tScS_rc, tScS0_rc, batch, head, m_block * kBlockM, n0);
-    }
     for (int it = 0; it < num_iters; ++it) {
       const int m0 = m_block * kBlockM;
       const int stage = state.index();
@@ -445,23 +581,11 @@ __global__ void __launch_bounds__(Traits::kCtaThreads, 1)
       Tensor acc_dp = partition_fragment_C(mma_sdp, Shape<Int<kBlockM>, Int<kBlockN>>{});
       clear(acc_s);
       clear(acc_dp);
-      pipeline_q.consumer_wait(state);
-      if (params.cu_seqlens_q != nullptr && m0 + kBlockM > seq.seqlen_q) {
-        // A varlen sequence's last query block: TMA read the next sequence's rows
-        // past its end. Their P and dS are 0, but 0 * Inf is NaN in dV and dK:
-        // zero them (the tiles of this stage, both warpgroups' rows).
-        Tensor sQs = make_tensor(sQ.data() + q_offset, sQ.layout());
-        Tensor sdOs = make_tensor(sdO.data() + q_offset, sdO.layout());
-        pipeline_do.consumer_wait(state);
-        zero_rows_from<Traits>(sQs, seq.seqlen_q - m0, tidx);
-        zero_rows_from<Traits>(sdOs, seq.seqlen_q - m0, tidx);
-        cutlass::arch::fence_view_async_shared();  // generic writes, read by wgmma
-        consumers_sync<Traits>();
-      }
+      wait_q(state, q_offset, m0);
       product_s(acc_s, q_offset);
       pipeline_do.consumer_wait(state);
       product_dp(acc_dp, q_offset);
-      if constexpr (kKeepUnderSdP) make_keep_words<Traits>(keep, params, tScS_rc, tScS0_rc, batch, head, m0, n0);
+      if constexpr (kKeepWords) make_keep_words<Traits>(keep, params, tScS_rc, tScS0_rc, batch, head, m0, n0);
 
       RowStats<kRows> stats;
       CUTE_UNROLL
@@ -496,13 +620,6 @@ __global__ void __launch_bounds__(Traits::kCtaThreads, 1)
       product_dv(acc_dv, pds_offset, q_offset);
       product_dk(acc_dk, pds_offset, q_offset);
       product_dq(acc_dq, pds_offset);
-      if constexpr (kKeepAhead) {
-        if (it + 1 < num_iters) {
-          const bool next_head = m_block + 1 == m_end;
-          make_keep_words<Traits>(keep, params, tScS_rc, tScS0_rc, batch, next_head ? head + 1 : head,
-                                  (next_head ? m_begin : m_block + 1) * kBlockM, n0);
-        }
-      }
       products_wait<Traits, 1>(acc_dv, acc_dk);
       __syncwarp();
       if (lane == 0) {  // Q and dO of this stage read: the producer may refill it

@@ -1,8 +1,9 @@
 // sm90 family backward: the warp-specialised main kernel (kernel/bwd_sm90.h)
 // between the shared preprocess and dQ conversion passes, and its tile per
 // head-dim bucket and variant. Two consumer warpgroups. Shared memory: two Q and
-// two dO stages, K, V, two dS buffers and (queries as rows) two P buffers: 192 KB
-// at d128 with dropout, 160 KB without, 224 KB at d256.
+// two dO stages, K, V, two dS buffers, (queries as rows) two P buffers and (keys as
+// rows, dropout) the keep masks' exchange: 170 KB at d128 with dropout, 162 KB
+// without, 224 KB at d256.
 #pragma once
 
 #include "flashattn/arch/sm90.h"
@@ -46,7 +47,7 @@ BwdWsLoads<Traits> make_bwd_ws_loads(const BwdParams& p) {
 
 template <typename Traits, bool kScoreMods, bool kDropout>
 void launch_bwd_ws_variant(const BwdParams& params, cudaStream_t stream) {
-  constexpr int kSmem = int(sizeof(BwdWsSharedStorage<Traits, bwd_keys_as_rows<Traits, kDropout>()>));
+  constexpr int kSmem = int(sizeof(BwdWsStorageFor<Traits, kDropout>));
   static_assert(kSmem <= Traits::kMaxSmemBytes, "the tile needs more shared memory than Hopper gives a CTA");
   opt_in_smem<bwd_ws_kernel<Traits, kScoreMods, kDropout>>(kSmem, params.device);
   bwd_ws_kernel<Traits, kScoreMods, kDropout>
@@ -66,10 +67,12 @@ struct Sm90Bwd {
                                     /*dK, dV rows=*/Sm90BwdTile<kHeadDim, kPlain>::kN / 64,
                                     /*dQ rows=*/Sm90BwdTile<kHeadDim, kPlain>::kM / 64>;
   // The larger variant's (the kernel table's shared-memory figure).
-  using PlainStorage = BwdWsSharedStorage<TraitsFor<true>, bwd_keys_as_rows<TraitsFor<true>, false>()>;
-  using DropoutStorage = BwdWsSharedStorage<TraitsFor<false>, false>;
-  using SharedStorage =
+  using PlainStorage = BwdWsStorageFor<TraitsFor<true>, false>;
+  using DropoutStorage = BwdWsStorageFor<TraitsFor<false>, true>;
+  using ModsStorage = BwdWsStorageFor<TraitsFor<false>, false>;
+  using LargerStorage =
       std::conditional_t<(sizeof(PlainStorage) >= sizeof(DropoutStorage)), PlainStorage, DropoutStorage>;
+  using SharedStorage = std::conditional_t<(sizeof(LargerStorage) >= sizeof(ModsStorage)), LargerStorage, ModsStorage>;
 
   // The three passes of the variant's tile (the dQ accumulator's layout follows it).
   static void launch_all(const BwdParams& params, cudaStream_t stream) {
