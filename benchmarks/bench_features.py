@@ -2,7 +2,8 @@
 """Forward+backward TFLOP/s of flashattn with the features that pick other kernel
 variants or masks: softcap and ALiBi (the score-modifier kernels), a sliding window
 (512 keys left; 512 right, or 0 under causal) and GQA 4:1. bf16, b * s = 16k tokens,
-h * d = 2048, d 64 and 128, 2k and 8k tokens, causal and not. One line per case:
+h * d = 2048, d 64 and 128, 2k and 8k tokens, causal and not (--dropout P: with
+attention dropout). One line per case:
 
     mode causal feature hdim seqlen TFLOP/s
 
@@ -25,6 +26,7 @@ import flashattn
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--family", default=None, help="flashattn kernel family (default: the device's)")
+    parser.add_argument("--dropout", type=float, default=0.0, help="attention dropout probability (default 0)")
     args = parser.parse_args()
     torch.manual_seed(0)
     for d in (64, 128):
@@ -37,7 +39,7 @@ def main() -> None:
                     q = torch.randn(shape_q, device="cuda", dtype=torch.bfloat16, requires_grad=True)
                     k = torch.randn(shape_kv, device="cuda", dtype=torch.bfloat16, requires_grad=True)
                     v = torch.randn(shape_kv, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-                    kwargs = dict(causal=causal, family=args.family)
+                    kwargs = dict(causal=causal, family=args.family, dropout_p=args.dropout)
                     if feature == "softcap":
                         kwargs["softcap"] = 30.0
                     if feature == "alibi":
