@@ -278,6 +278,12 @@ struct Sm90BwdTraits : Sm90AccumulatorLayout,
   using SmemLayoutdSKeyRowsT = decltype(composition(
       SmemLayoutdSKeyRows{}, make_layout(Shape<Int<kBlockM>, Int<kBlockN>>{}, GenRowMajor{})));  // (M, N)
 
+  // P and dS (dS^T) into shared memory by stmatrix, 16 bytes per thread and
+  // instruction into the swizzled tile: element-wise copies became generic 4-byte
+  // stores, each behind 64-bit address arithmetic (the compiler cannot tell the
+  // tile is in shared memory).
+  using SmemCopyAtomPdS = Copy_Atom<SM90_U32x4_STSM_N, Element>;
+
   static constexpr bool kCopyZeroFills = true;
   using GmemTiledCopyQKV = decltype(make_tiled_copy(
       Copy_Atom<SM80_CP_ASYNC_CACHEGLOBAL_ZFILL<uint128_t>, Element>{}, typename Base::GmemLayoutAtom{},

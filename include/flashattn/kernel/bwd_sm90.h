@@ -365,7 +365,7 @@ __global__ void __launch_bounds__(Traits::kCtaThreads, 1)
   Tensor tScS0_rc = make_tensor(tScS0.data(), Traits::rowcol(tScS0.layout()));
   constexpr int kRows = decltype(size<0>(tScS_rc))::value;
   constexpr int kPairs = decltype(size<1>(tScS_rc))::value / 2;
-  auto copy_pds = make_tiled_copy_C(typename Traits::SmemCopyAtomO{}, mma_sdp);
+  auto copy_pds = make_tiled_copy_C(typename Traits::SmemCopyAtomPdS{}, mma_sdp);
   Tensor tPsP = copy_pds.get_thread_slice(tidx).partition_D(sP);
   Tensor tdSsdS = copy_pds.get_thread_slice(tidx).partition_D(sdS);
 
@@ -450,7 +450,7 @@ __global__ void __launch_bounds__(Traits::kCtaThreads, 1)
     Tensor tStcSt_rc = make_tensor(tStcSt.data(), Traits::rowcol(tStcSt.layout()));
     Tensor tStcSt0_rc = make_tensor(tStcSt0.data(), Traits::rowcol(tStcSt0.layout()));
     const int query0 = get<0>(tStcSt_rc(0, 0));  // this thread's first query column
-    auto copy_ds = make_tiled_copy_C(typename Traits::SmemCopyAtomO{}, mma_sdpt);
+    auto copy_ds = make_tiled_copy_C(typename Traits::SmemCopyAtomPdS{}, mma_sdpt);
     Tensor tdSsdSk = copy_ds.get_thread_slice(tidx).partition_D(sdSk);
     // dK issued last and waited for under the next iteration's S^T and dP^T, dQ
     // added while dK multiplies: forward + backward +3% at d64 and d128 (H100).
