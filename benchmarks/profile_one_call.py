@@ -21,6 +21,7 @@ def main():
     p.add_argument("--dtype", choices=["bf16", "fp16"], default="bf16")
     p.add_argument("--causal", action="store_true")
     p.add_argument("--family", default=None, help="force a kernel family (sm70, sm75, sm80, sm90)")
+    p.add_argument("--dropout", type=float, default=0.0, help="attention dropout probability (default 0)")
     a = p.parse_args()
     dtype = torch.bfloat16 if a.dtype == "bf16" else torch.float16
     g = torch.Generator("cuda").manual_seed(0)
@@ -29,7 +30,7 @@ def main():
     for t in (q, k, v):
         t.requires_grad_(True)
     for _ in range(2):
-        out = flashattn.flash_attn_func(q, k, v, causal=a.causal, family=a.family)
+        out = flashattn.flash_attn_func(q, k, v, a.dropout, causal=a.causal, family=a.family)
         out.backward(do)
     torch.cuda.synchronize()
 
