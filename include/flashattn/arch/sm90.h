@@ -281,8 +281,11 @@ struct Sm90BwdTraits : Sm90AccumulatorLayout,
   // P and dS (dS^T) into shared memory by stmatrix, 16 bytes per thread and
   // instruction into the swizzled tile: element-wise copies became generic 4-byte
   // stores, each behind 64-bit address arithmetic (the compiler cannot tell the
-  // tile is in shared memory).
+  // tile is in shared memory). The epilogues' dK, dV and dQ the same way, read back
+  // by explicit shared loads (kernel/bwd.h StagingAtoms).
   using SmemCopyAtomPdS = Copy_Atom<SM90_U32x4_STSM_N, Element>;
+  using SmemCopyAtomOut = SmemCopyAtomPdS;
+  using SmemLoadAtomOut = Copy_Atom<SharedLoad128, Element>;
 
   static constexpr bool kCopyZeroFills = true;
   using GmemTiledCopyQKV = decltype(make_tiled_copy(

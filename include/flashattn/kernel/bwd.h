@@ -20,6 +20,8 @@
 #include <cute/tensor.hpp>
 #include <cutlass/array.h>
 
+#include <type_traits>
+
 #include "flashattn/kernel/dropout.h"
 #include "flashattn/kernel/mask.h"
 #include "flashattn/kernel/seqlen.h"
@@ -75,6 +77,21 @@ __global__ void __launch_bounds__(BwdRows::kThreads) bwd_preprocess_kernel(const
   }
 }
 
+// The copies that stage an accumulator tile (dQ, dK, dV) through shared memory
+// for 16-byte global stores: the family's own where it names them (sm90: stmatrix
+// and explicit shared loads, which element-wise copies through a pointer of
+// unknown address space are not), else SmemCopyAtomO and the global copy's load.
+template <typename Traits, typename = void>
+struct StagingAtoms {
+  using Store = typename Traits::SmemCopyAtomO;
+  using Load = void;
+};
+template <typename Traits>
+struct StagingAtoms<Traits, std::void_t<typename Traits::SmemLoadAtomOut>> {
+  using Store = typename Traits::SmemCopyAtomOut;
+  using Load = typename Traits::SmemLoadAtomOut;
+};
+
 // dq = dq_accum * softmax_scale for one (query block, head, batch): the
 // accumulator tile is read back in the dQ product's fragment layout, then goes
 // through shared memory for 16-byte stores.
@@ -103,8 +120,10 @@ __global__ void __launch_bounds__(Traits::kNThreads) bwd_convert_dq_kernel(const
       make_gmem_ptr(static_cast<Element*>(params.dq) + seq.q_offset(params.dq_batch_stride, params.dq_row_stride, tile.batch) +
                     tile.head * params.dq_head_stride + index_t(m0) * params.dq_row_stride),
       make_layout(make_shape(Int<kBlockM>{}, Int<kHeadDim>{}), make_stride(params.dq_row_stride, _1{})));  // (M, d)
-  store_through_smem<typename Traits::GmemTiledCopyO, typename Traits::SmemCopyAtomO>(
-      acc_dq, mma_dq, sdQ, gdQ, seq.seqlen_q - m0, params.head_dim, tidx);
+  using Staging = StagingAtoms<Traits>;
+  store_through_smem<typename Traits::GmemTiledCopyO, typename Staging::Store>(
+      acc_dq, mma_dq, sdQ, gdQ, seq.seqlen_q - m0, params.head_dim, tidx, NoRowOffset{}, SyncThreads{},
+      static_cast<typename Staging::Load*>(nullptr));
 }
 
 // Deterministic dQ: the CTAs adding into one query block take turns in
@@ -280,11 +299,14 @@ __device__ __forceinline__ void store_dk_dv(Acc& acc_dk, Acc& acc_dv, TiledMma m
                                        head_k * params.dv_head_stride + n0 * params.dv_row_stride,
                         params.dv_row_stride);  // (N, d)
   using GmemCopyO = typename Traits::GmemTiledCopyO;
-  using SmemCopyO = typename Traits::SmemCopyAtomO;
-  store_through_smem<GmemCopyO, SmemCopyO>(acc_dk, mma_dkv, sdK, gdK, seq.seqlen_k - n0, params.head_dim, tidx,
-                                           NoRowOffset{}, sync);
-  store_through_smem<GmemCopyO, SmemCopyO>(acc_dv, mma_dkv, sdV, gdV, seq.seqlen_k - n0, params.head_dim, tidx,
-                                           NoRowOffset{}, sync);
+  using Staging = StagingAtoms<Traits>;
+  using Load = typename Staging::Load;
+  store_through_smem<GmemCopyO, typename Staging::Store>(acc_dk, mma_dkv, sdK, gdK, seq.seqlen_k - n0,
+                                                         params.head_dim, tidx, NoRowOffset{}, sync,
+                                                         static_cast<Load*>(nullptr));
+  store_through_smem<GmemCopyO, typename Staging::Store>(acc_dv, mma_dkv, sdV, gdV, seq.seqlen_k - n0,
+                                                         params.head_dim, tidx, NoRowOffset{}, sync,
+                                                         static_cast<Load*>(nullptr));
 }
 
 // One product acc += A . B^T of the backward, both operands in shared memory:
