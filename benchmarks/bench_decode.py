@@ -169,6 +169,10 @@ def main():
     parser.add_argument("--quick", action="store_true", help="a few shapes only")
     parser.add_argument("--tune", action="store_true", help="12 shapes across head dims and batch sizes")
     parser.add_argument("--no-host", action="store_true", help="skip the per-call host times")
+    parser.add_argument("--hdim", help="only these head dims (comma-separated)")
+    parser.add_argument("--batch", help="only these batch sizes (comma-separated)")
+    parser.add_argument("--pages", default=",".join(map(str, PAGES)),
+                        help="page sizes of the paged caches timed (comma-separated; '' for none)")
     parser.add_argument("--out", help="write NAME.txt and NAME.json")
     args = parser.parse_args()
     import torch
@@ -190,6 +194,11 @@ def main():
     if args.tune:
         shapes = [(s_q, b, s_k, heads, d) for d in HEAD_DIMS for s_q, b, s_k, heads in
                   ((1, 1, 8192, (32, 8)), (1, 8, 8192, (32, 8)), (1, 64, 4096, (32, 32)), (4, 8, 32768, (32, 8)))]
+    if args.hdim:
+        shapes = [s for s in shapes if s[4] in {int(x) for x in args.hdim.split(",")}]
+    if args.batch:
+        shapes = [s for s in shapes if s[1] in {int(x) for x in args.batch.split(",")}]
+    pages = tuple(int(x) for x in args.pages.split(",") if x)
     emit("s_q     b     s_k  h/h_k   d |  cache MB | flashattn us  GB/s %copy | paged16 us  vs cont | "
          "paged256 us vs cont |  SDPA-FA2 us | vs FA2")
     rows = []
@@ -202,6 +211,9 @@ def main():
         row["ours"] = graph_us(torch, runner_flashattn(torch, fa, inputs))
         del inputs
         for page in PAGES:
+            if page not in pages:
+                row[f"paged{page}"] = None
+                continue
             inputs = make_inputs(torch, b, s_q, s_k, h, h_k, d, page)
             row[f"paged{page}"] = graph_us(torch, runner_flashattn(torch, fa, inputs))
             del inputs

@@ -168,6 +168,8 @@ CASES = {
     "paged16": {"page": 16, "s_new": 3, "s_q": 3, "causal": True, "h_k": 4},
     "paged256_decode": {"page": 256, "s_cache": 700, "s_new": 1, "h_k": 2},
     "paged48_odd_page": {"page": 48, "s_new": 2, "s_q": 2},
+    # Many key blocks per CTA: the loads' stages and the staged pages go round.
+    "paged16_long": {"page": 16, "s_cache": 1500, "s_new": 1, "h_k": 2, "num_splits": 1},
     "leftpad": {"leftpad": True, "s_new": 2, "s_q": 2, "causal": True},
     "batch_idx": {"batch_idx": True, "s_new": 1},
     "window": {"window": (40, 0), "s_new": 1, "h_k": 2},

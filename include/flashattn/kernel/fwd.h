@@ -3,7 +3,8 @@
 // blocks it can see, from the last to the first, keeping an online softmax.
 // Loads overlap compute: V[n] arrives while S = Q.K[n]^T is computed, and
 // K[n-1] while the softmax and O += P.V[n] run (through cp.async, or through
-// registers where there is none: StagedTileCopy).
+// registers where there is none: StagedTileCopy). The KV cache kernel may keep
+// K and V of several key blocks in flight instead (kKvStages).
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -72,9 +73,15 @@ struct PackedRowAddress {
 // key ranges (seqused_k, leftpad, cache batch index), as runtime features; the
 // host runs it with kScoreMods on. Its own instance, so that none of this
 // stands in the plain kernel's loop.
-template <typename Traits, bool kScoreMods, bool kKvCache = false, bool kDropout = false>
+// kKvStages > 1 (the KV cache kernel, cp.async): K and V of that many key blocks
+// in flight. Decode is memory-bound, and one tile in flight per CTA (V[n] during
+// S, K[n-1] during the softmax) leaves a DRAM round trip per tile on every
+// CTA's path.
+template <typename Traits, bool kScoreMods, bool kKvCache = false, bool kDropout = false, int kKvStages = 1>
 __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(const FwdParams params) {
   static_assert(!(kKvCache && kDropout), "the KV cache kernel is an inference forward");
+  static_assert(kKvStages == 1 || (kKvCache && !Traits::kRegisterPrefetch), "stages: the KV cache kernel, cp.async");
+  constexpr bool kStaged = kKvStages > 1;
   using Element = typename Traits::Element;
   constexpr int kBlockM = Traits::kBlockM;
   constexpr int kBlockN = Traits::kBlockN;
@@ -142,9 +149,9 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(const FwdPara
   // before the loads that need them, so that no load waits on a block-table read.
   // Thread t looks up row t: the read is issued before a product, its store after.
   int2* page_slots = nullptr;
-  if constexpr (kKvCache && kv_stages_pages<Traits>) {
+  if constexpr (kKvCache && kv_stages_pages<Traits, kKvStages>) {
     static_assert(kBlockN <= Traits::kNThreads, "one row of a key block per thread");
-    if (paged) page_slots = reinterpret_cast<KvSharedStorage<Traits>*>(smem)->pages;
+    if (paged) page_slots = reinterpret_cast<KvSharedStorage<Traits, kKvStages>*>(smem)->pages;
   }
   auto fetch_page = [&](int n_block) {
     const int row = n_block * kBlockN + tidx;
@@ -168,10 +175,13 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(const FwdPara
   // Packed row -> its lse entry (query, head).
   auto lse_index = [&](int row) { return group > 1 ? (row % group) * params.lse_head_stride + row / group : index_t(row); };
 
-  auto& storage = *reinterpret_cast<FwdSharedStorage<Traits>*>(smem);
-  Tensor sQ = make_tensor(make_smem_ptr(storage.q.data()), typename Traits::SmemLayoutQ{});   // (M, d)
-  Tensor sK = make_tensor(make_smem_ptr(storage.k.data()), typename Traits::SmemLayoutKV{});  // (N, d)
-  Tensor sV = make_tensor(make_smem_ptr(storage.v.data()), typename Traits::SmemLayoutKV{});  // (N, d)
+  auto& storage = *reinterpret_cast<FwdSharedStorage<Traits, kKvStages>*>(smem);
+  // Stage s of K (V) lies kStageElems * s elements after stage 0.
+  constexpr int kStageElems = int(cosize_v<typename Traits::SmemLayoutKV>);
+  static_assert(sizeof(storage.k[0]) == kStageElems * sizeof(Element));
+  Tensor sQ = make_tensor(make_smem_ptr(storage.q.data()), typename Traits::SmemLayoutQ{});      // (M, d)
+  Tensor sK = make_tensor(make_smem_ptr(storage.k[0].data()), typename Traits::SmemLayoutKV{});  // (N, d)
+  Tensor sV = make_tensor(make_smem_ptr(storage.v[0].data()), typename Traits::SmemLayoutKV{});  // (N, d)
   Tensor sVt = make_tensor(sV.data(), typename Traits::SmemLayoutVt{});
   Tensor sVtNoSwizzle = make_tensor(sV.data().get(), typename Traits::SmemLayoutVtNoSwizzle{});
   Tensor sO = make_tensor(sQ.data(), typename Traits::SmemLayoutO{});
@@ -222,7 +232,27 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(const FwdPara
       copy_tile<Traits::kCopyZeroFills>(gmem_copy, tQgQ, tQsQ, tQcQ, tQpQ, rows_left_q);
     }
     int n_block = n_end - 1;
-    if constexpr (kKvCache) {
+    // K and V of the key block at n_block into stage `stage` (the KV cache kernel).
+    auto load_kv = [&](int n_block, int stage) {
+      const int n0 = n_block * kBlockN;
+      Tensor tKsK_stage = make_tensor(tKsK.data() + stage * kStageElems, tKsK.layout());
+      Tensor tVsV_stage = make_tensor(tVsV.data() + stage * kStageElems, tVsV.layout());
+      copy_tile<Traits::kCopyZeroFills>(gmem_copy, tKgK, tKsK_stage, tKcK, tKpK, seq.seqlen_k - n0, k_rows(n0));
+      copy_tile<Traits::kCopyZeroFills>(gmem_copy, tVgV, tVsV_stage, tKcK, tKpK, seq.seqlen_k - n0, v_rows(n0));
+    };
+    if constexpr (kStaged) {
+      // The first kKvStages blocks, one cp.async group each (Q in the first),
+      // empty groups past the CTA's range: the loop counts groups as blocks.
+      CUTE_UNROLL
+      for (int stage = 0; stage < kKvStages; ++stage) {
+        if (n_block - stage >= n_begin) {
+          store_page(n_block - stage, fetch_page(n_block - stage));
+          __syncthreads();  // the block's pages staged (two slots: one barrier per block)
+          load_kv(n_block - stage, stage);
+        }
+        cp_async_fence();
+      }
+    } else if constexpr (kKvCache) {
       // A cache kernel's CTA sees few key blocks (one or two under split-KV): the
       // first block's V loads beside its K instead of after it.
       store_page(n_block, fetch_page(n_block));
@@ -232,41 +262,49 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(const FwdPara
       cp_async_fence();
       copy_tile<Traits::kCopyZeroFills>(gmem_copy, tVgV, tVsV, tKcK, tKpK, seq.seqlen_k - n_block * kBlockN,
                                         v_rows(n_block * kBlockN));
+      cp_async_fence();
     } else {
       copy_tile<Traits::kCopyZeroFills>(gmem_copy, tKgK, tKsK, tKcK, tKpK, seq.seqlen_k - n_block * kBlockN);
+      cp_async_fence();
     }
-    cp_async_fence();
 
     // The two products, S = Q K[n]^T and O += P V[n], per kind of mma: wgmma reads
     // both operands of S and V from shared memory through descriptors; mma.sync
     // loads them into registers (ldmatrix), the next k-slice during the current
     // mma; Volta's P goes through shared memory (its accumulator layout is no
-    // operand layout), each warp its own rows.
+    // operand layout), each warp its own rows. The offsets: K's and V's stage
+    // (kKvStages), in elements.
     auto product_qk = [&] {
       if constexpr (kUsesWgmma<Traits>) {
-        return [tiled_mma, tSrQ = thr_mma.partition_fragment_A(sQ), tSrK = thr_mma.partition_fragment_B(sK)](
-                   auto& acc_s) mutable { wgmma_gemm<true>(tiled_mma, tSrQ, tSrK, acc_s); };
+        return [tiled_mma, thr_mma, sK, tSrQ = thr_mma.partition_fragment_A(sQ)](auto& acc_s,
+                                                                                int k_offset = 0) mutable {
+          Tensor tSrK = thr_mma.partition_fragment_B(make_tensor(sK.data() + k_offset, sK.layout()));
+          wgmma_gemm<true>(tiled_mma, tSrQ, tSrK, acc_s);
+        };
       } else {
         auto smem_copy_q = make_tiled_copy_A(typename Traits::SmemCopyAtom{}, tiled_mma);
         auto smem_copy_k = make_tiled_copy_B(typename Traits::SmemCopyAtomB{}, tiled_mma);
         return [tiled_mma, smem_copy_q, smem_copy_k, tSrQ = thr_mma.partition_fragment_A(sQ),
                 tSrK = thr_mma.partition_fragment_B(sK), tSsQ = smem_copy_q.get_thread_slice(tidx).partition_S(sQ),
-                tSsK = smem_copy_k.get_thread_slice(tidx).partition_S(sK)](auto& acc_s) mutable {
+                tSsK = smem_copy_k.get_thread_slice(tidx).partition_S(sK)](auto& acc_s, int k_offset = 0) mutable {
           clear(acc_s);
-          gemm_smem_smem(acc_s, tSrQ, tSrK, tSsQ, tSsK, tiled_mma, smem_copy_q, smem_copy_k);
+          gemm_smem_smem(acc_s, tSrQ, tSrK, tSsQ, make_tensor(tSsK.data() + k_offset, tSsK.layout()), tiled_mma,
+                         smem_copy_q, smem_copy_k);
         };
       }
     }();
     auto product_pv = [&] {
       if constexpr (kUsesWgmma<Traits>) {
-        return [tiled_mma_pv, tOrVt = thr_mma_pv.partition_fragment_B(sVt)](auto& acc_o, auto& rP) mutable {
+        return [tiled_mma_pv, thr_mma_pv, sVt](auto& acc_o, auto& rP, int v_offset = 0) mutable {
           Tensor tOrP = make_tensor(rP.data(), Traits::c_to_a(rP.layout()));
+          Tensor tOrVt = thr_mma_pv.partition_fragment_B(make_tensor(sVt.data() + v_offset, sVt.layout()));
           wgmma_gemm<false>(tiled_mma_pv, tOrP, tOrVt, acc_o);
         };
       } else {
         auto smem_copy_v = make_tiled_copy_B(typename Traits::SmemCopyAtomTransposedB{}, tiled_mma_pv);
         return [tiled_mma, tiled_mma_pv, smem_copy_v, tidx, &storage, tOrVt = thr_mma_pv.partition_fragment_B(sVtNoSwizzle),
-                tOsVt = smem_copy_v.get_thread_slice(tidx).partition_S(sVt)](auto& acc_o, auto& rP) mutable {
+                tOsVt = smem_copy_v.get_thread_slice(tidx).partition_S(sVt)](auto& acc_o, auto& rP,
+                                                                             int v_offset = 0) mutable {
           if constexpr (Traits::kPThroughSmem) {
             auto thr_mma_pv = tiled_mma_pv.get_thread_slice(tidx);
             Tensor sP = make_tensor(make_smem_ptr(storage.p.data()), typename Traits::SmemLayoutP{});  // (M, N)
@@ -276,11 +314,13 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(const FwdPara
             __syncwarp();
             auto smem_copy_p = make_tiled_copy_A(typename Traits::SmemCopyAtom{}, tiled_mma_pv);
             Tensor tOrP = thr_mma_pv.partition_fragment_A(sP);
-            gemm_smem_smem(acc_o, tOrP, tOrVt, smem_copy_p.get_thread_slice(tidx).partition_S(sP), tOsVt,
-                           tiled_mma_pv, smem_copy_p, smem_copy_v);
+            gemm_smem_smem(acc_o, tOrP, tOrVt, smem_copy_p.get_thread_slice(tidx).partition_S(sP),
+                           make_tensor(tOsVt.data() + v_offset, tOsVt.layout()), tiled_mma_pv, smem_copy_p,
+                           smem_copy_v);
           } else {
             Tensor tOrP = make_tensor(rP.data(), Traits::c_to_a(rP.layout()));
-            gemm_reg_smem(acc_o, tOrP, tOrVt, tOsVt, tiled_mma_pv, smem_copy_v);
+            gemm_reg_smem(acc_o, tOrP, tOrVt, make_tensor(tOsVt.data() + v_offset, tOsVt.layout()), tiled_mma_pv,
+                          smem_copy_v);
           }
         };
       }
@@ -312,35 +352,10 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(const FwdPara
       else return 0;  // no RNG state to read
     }();
 
-    for (; n_block >= n_begin; --n_block) {
-      const int n0 = n_block * kBlockN;
-      Tensor acc_s = partition_fragment_C(tiled_mma, Shape<Int<kBlockM>, Int<kBlockN>>{});
-      const bool v_in_flight = kKvCache && n_block == n_end - 1;  // loaded in the prologue
-      if (v_in_flight) {
-        cp_async_wait<1>();
-        publish_smem_to_mma<Traits>();
-        __syncthreads();  // K[n] (and Q) landed
-      } else {
-        cp_async_wait<0>();
-        publish_smem_to_mma<Traits>();
-        __syncthreads();  // K[n] (and Q) landed; everyone is done with V[n+1]
-        if constexpr (kKvCache) {
-          load_v.issue(gmem_copy, tVgV, tVsV, tKcK, tKpK, seq.seqlen_k - n0, v_rows(n0));
-        } else {
-          load_v.issue(gmem_copy, tVgV, tVsV, tKcK, tKpK, seq.seqlen_k - n0);
-          tVgV.data() = tVgV.data() + v_block_step;
-        }
-        cp_async_fence();
-      }
-
-      int2 next_page = make_int2(0, 0);  // of block n - 1, for K[n-1]'s load after the next barrier
-      if constexpr (kKvCache) {
-        if (n_block > n_begin) next_page = fetch_page(n_block - 1);
-      }
-      product_qk(acc_s);
-      if constexpr (kKvCache) {
-        if (n_block > n_begin) store_page(n_block - 1, next_page);
-      }
+    // S = Q K^T of the key block at n0 (K at k_offset in shared memory), with the
+    // score modifiers and the mask.
+    auto scores = [&](auto& acc_s, int n0, int k_offset) {
+      product_qk(acc_s, k_offset);
       if constexpr (kScoreMods) {
         if (params.softcap > 0.f) {
           CUTE_UNROLL
@@ -356,30 +371,86 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(const FwdPara
       } else if (mask.tile_needs_mask(m0, kBlockM, n0, kBlockN)) {
         mask.apply(acc_s, tScS, tScS0, m0, n0);
       }
-
-      if (!v_in_flight) load_v.commit(gmem_copy, tVsV);
-      cp_async_wait<0>();
-      publish_smem_to_mma<Traits>();
-      __syncthreads();  // V[n] landed; everyone is done with K[n]
-      if (n_block > n_begin) {
-        if constexpr (kKvCache) {
-          load_k.issue(gmem_copy, tKgK, tKsK, tKcK, tKpK, seq.seqlen_k - n0 + kBlockN, k_rows(n0 - kBlockN));
-        } else {
-          tKgK.data() = tKgK.data() + k_block_step;
-          load_k.issue(gmem_copy, tKgK, tKsK, tKcK, tKpK, seq.seqlen_k - n0 + kBlockN);
-        }
-        cp_async_fence();
-      }
-
+    };
+    // The online softmax of S, and O += P V (V at v_offset).
+    auto accumulate = [&](auto& acc_s, int n0, int v_offset) {
       Tensor acc_s_rc = make_tensor(acc_s.data(), Traits::rowcol(acc_s.layout()));
       softmax.update(acc_s_rc, acc_o_rc, params.score_scale_log2);
-
       Tensor rP = convert_fragment<Element>(acc_s);
       if constexpr (kDropout) {
         dropout.drop_probabilities(make_tensor(rP.data(), Traits::rowcol(rP.layout())), tScS_rc, tScS0_rc, m0, n0);
       }
-      product_pv(acc_o, rP);
-      if (n_block > n_begin) load_k.commit(gmem_copy, tKsK);  // read after the next barrier
+      product_pv(acc_o, rP, v_offset);
+    };
+
+    if constexpr (kStaged) {
+      // Block n in stage `stage`; its stage refilled with block n - kKvStages once
+      // every warp is done with it.
+      int stage = 0;
+      for (; n_block >= n_begin; --n_block) {
+        const int n0 = n_block * kBlockN;
+        const int ahead = n_block - kKvStages;
+        cp_async_wait<kKvStages - 1>();
+        publish_smem_to_mma<Traits>();
+        __syncthreads();  // K[n] and V[n] (and Q) landed
+        const int2 ahead_page = ahead >= n_begin ? fetch_page(ahead) : make_int2(0, 0);
+        Tensor acc_s = partition_fragment_C(tiled_mma, Shape<Int<kBlockM>, Int<kBlockN>>{});
+        scores(acc_s, n0, stage * kStageElems);
+        accumulate(acc_s, n0, stage * kStageElems);
+        if (ahead >= n_begin) store_page(ahead, ahead_page);
+        __syncthreads();  // everyone is done with this stage; the pages of `ahead` staged
+        if (ahead >= n_begin) load_kv(ahead, stage);
+        cp_async_fence();
+        stage = stage + 1 == kKvStages ? 0 : stage + 1;
+      }
+    } else {
+      for (; n_block >= n_begin; --n_block) {
+        const int n0 = n_block * kBlockN;
+        Tensor acc_s = partition_fragment_C(tiled_mma, Shape<Int<kBlockM>, Int<kBlockN>>{});
+        const bool v_in_flight = kKvCache && n_block == n_end - 1;  // loaded in the prologue
+        if (v_in_flight) {
+          cp_async_wait<1>();
+          publish_smem_to_mma<Traits>();
+          __syncthreads();  // K[n] (and Q) landed
+        } else {
+          cp_async_wait<0>();
+          publish_smem_to_mma<Traits>();
+          __syncthreads();  // K[n] (and Q) landed; everyone is done with V[n+1]
+          if constexpr (kKvCache) {
+            load_v.issue(gmem_copy, tVgV, tVsV, tKcK, tKpK, seq.seqlen_k - n0, v_rows(n0));
+          } else {
+            load_v.issue(gmem_copy, tVgV, tVsV, tKcK, tKpK, seq.seqlen_k - n0);
+            tVgV.data() = tVgV.data() + v_block_step;
+          }
+          cp_async_fence();
+        }
+
+        int2 next_page = make_int2(0, 0);  // of block n - 1, for K[n-1]'s load after the next barrier
+        if constexpr (kKvCache) {
+          if (n_block > n_begin) next_page = fetch_page(n_block - 1);
+        }
+        scores(acc_s, n0, 0);
+        if constexpr (kKvCache) {
+          if (n_block > n_begin) store_page(n_block - 1, next_page);
+        }
+
+        if (!v_in_flight) load_v.commit(gmem_copy, tVsV);
+        cp_async_wait<0>();
+        publish_smem_to_mma<Traits>();
+        __syncthreads();  // V[n] landed; everyone is done with K[n]
+        if (n_block > n_begin) {
+          if constexpr (kKvCache) {
+            load_k.issue(gmem_copy, tKgK, tKsK, tKcK, tKpK, seq.seqlen_k - n0 + kBlockN, k_rows(n0 - kBlockN));
+          } else {
+            tKgK.data() = tKgK.data() + k_block_step;
+            load_k.issue(gmem_copy, tKgK, tKsK, tKcK, tKpK, seq.seqlen_k - n0 + kBlockN);
+          }
+          cp_async_fence();
+        }
+
+        accumulate(acc_s, n0, 0);
+        if (n_block > n_begin) load_k.commit(gmem_copy, tKsK);  // read after the next barrier
+      }
     }
     softmax.finalize(acc_o_rc, params.score_scale_log2, lse);
     if constexpr (kDropout) {

@@ -12,37 +12,39 @@ namespace flashattn {
 template <typename Element, typename Layout>
 using SmemTile = cute::array_aligned<Element, cute::cosize_v<Layout>, 16>;
 
-// Forward: Q (the output is staged there at the end), K, V.
-template <typename Traits>
+// Forward: Q (the output is staged there at the end), K, V; the KV cache
+// kernel may keep kStages blocks of K and V in flight (fwd.h).
+template <typename Traits, int kStages = 1>
 struct FwdSharedStorageBase {
   SmemTile<typename Traits::Element, typename Traits::SmemLayoutQ> q;
-  SmemTile<typename Traits::Element, typename Traits::SmemLayoutKV> k;
-  SmemTile<typename Traits::Element, typename Traits::SmemLayoutKV> v;
+  SmemTile<typename Traits::Element, typename Traits::SmemLayoutKV> k[kStages];
+  SmemTile<typename Traits::Element, typename Traits::SmemLayoutKV> v[kStages];
 };
 
 // ... and P where the accumulator layout is no operand layout (Volta).
-template <typename Traits, bool kPThroughSmem = Traits::kPThroughSmem>
-struct FwdSharedStorage : FwdSharedStorageBase<Traits> {};
+template <typename Traits, int kStages = 1, bool kPThroughSmem = Traits::kPThroughSmem>
+struct FwdSharedStorage : FwdSharedStorageBase<Traits, kStages> {};
 
-template <typename Traits>
-struct FwdSharedStorage<Traits, true> : FwdSharedStorageBase<Traits> {
+template <typename Traits, int kStages>
+struct FwdSharedStorage<Traits, kStages, true> : FwdSharedStorageBase<Traits, kStages> {
   SmemTile<typename Traits::Element, typename Traits::SmemLayoutP> p;
 };
 
 // The KV cache kernel: the forward's, and for paged K/V the (page, row in page)
 // of each row of two key blocks (staged by fwd.h), where the family's GPUs
 // give a CTA room for them (not the sm75 family's largest tiles).
-template <typename Traits>
-struct KvSharedStorage : FwdSharedStorage<Traits> {
+template <typename Traits, int kStages = 1>
+struct KvSharedStorage : FwdSharedStorage<Traits, kStages> {
   int2 pages[2 * Traits::kBlockN];
 };
 
-template <typename Traits>
-constexpr bool kv_stages_pages = sizeof(KvSharedStorage<Traits>) <= Traits::kMaxSmemBytes;
+template <typename Traits, int kStages = 1>
+constexpr bool kv_stages_pages = sizeof(KvSharedStorage<Traits, kStages>) <= Traits::kMaxSmemBytes;
 
-template <typename Traits>
+template <typename Traits, int kStages = 1>
 constexpr int kv_smem_bytes() {
-  return int(kv_stages_pages<Traits> ? sizeof(KvSharedStorage<Traits>) : sizeof(FwdSharedStorage<Traits>));
+  return int(kv_stages_pages<Traits, kStages> ? sizeof(KvSharedStorage<Traits, kStages>)
+                                              : sizeof(FwdSharedStorage<Traits, kStages>));
 }
 
 // Backward: Q (two buffers with kDoubleBufferQ), dO, K, V, P, dS. dK and dV are

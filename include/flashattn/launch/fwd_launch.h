@@ -18,13 +18,15 @@ namespace flashattn {
 
 // The KV cache kernel (softcap and ALiBi as runtime features) with its own tile,
 // then the merge of its splits.
-template <typename KvTraits>
+// kKvStages: key blocks of K and V in flight (fwd.h).
+template <typename KvTraits, int kKvStages>
 void launch_fwd_kv_cache_kernel(const FwdParams& params, cudaStream_t stream) {
-  constexpr int kSmem = kv_smem_bytes<KvTraits>();
+  constexpr int kSmem = kv_smem_bytes<KvTraits, kKvStages>();
   static_assert(kSmem <= KvTraits::kMaxSmemBytes, "the tile needs more shared memory than the family's GPUs give a CTA");
-  opt_in_smem<fwd_kernel<KvTraits, true, true>>(kSmem, params.device);
-  fwd_kernel<KvTraits, true, true><<<QueryTileScheduler<KvTraits::kBlockM, true>::num_ctas(params),
-                                     KvTraits::kNThreads, kSmem, stream>>>(params);
+  opt_in_smem<fwd_kernel<KvTraits, true, true, false, kKvStages>>(kSmem, params.device);
+  fwd_kernel<KvTraits, true, true, false, kKvStages>
+      <<<QueryTileScheduler<KvTraits::kBlockM, true>::num_ctas(params), KvTraits::kNThreads, kSmem, stream>>>(
+          params);
   if (params.num_splits > 1) launch_combine_splits(params, stream);
 }
 
@@ -56,7 +58,7 @@ template <typename Kernel>
 void launch_fwd(const FwdParams& params, cudaStream_t stream) {
   if constexpr (Kernel::kBuilt) {
     if (params.kv_cache) {
-      launch_fwd_kv_cache_kernel<typename Kernel::KvTraits>(params, stream);
+      launch_fwd_kv_cache_kernel<typename Kernel::KvTraits, Kernel::kKvStages>(params, stream);
     } else if constexpr (HasOwnPlainForward<Kernel>::value) {
       Kernel::launch_plain(params, stream);
     } else {

@@ -28,6 +28,7 @@ struct Sm70Fwd {
   using Traits = Sm70FwdTraits<Element, kHeadDim, Tile::kM, Tile::kN, Tile::kWarps>;
   using SharedStorage = FwdSharedStorage<Traits>;
   using KvTraits = Traits;  // the KV cache kernel: the same tile
+  static constexpr int kKvStages = 1;
 };
 
 }  // namespace flashattn

@@ -30,6 +30,7 @@ struct Sm75Fwd {
   using Traits = Sm75FwdTraits<Element, kHeadDim, Tile::kM, Tile::kN, Tile::kWarps, Tile::kPrefetch>;
   using SharedStorage = FwdSharedStorage<Traits>;
   using KvTraits = Traits;  // the KV cache kernel: the same tile
+  static constexpr int kKvStages = 1;
 };
 
 }  // namespace flashattn

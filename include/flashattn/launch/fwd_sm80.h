@@ -29,14 +29,17 @@ template <> struct Sm80FwdTileSmem99<256> { static constexpr bool kOwn = true; s
 
 // The KV cache kernel's tile (decode, split-KV: few query rows, many keys): 64
 // query rows (4 warps of 16) and long key blocks, memory-bound: the bytes in
-// flight per SM set its speed. 128 keys up to d128 (16 / 32 KB per K or V load;
-// at d64, 256 keys spilled registers and ran 1.5-2x slower on H100), 64 beyond.
-// 40 / 80 / 96 KB of shared memory (d64 / d128 / d256): within 99 KB, so one tile
-// serves every sm_8x. Compiled for one CTA per SM like the others (255
-// registers): bounds for three CTAs at d64 spilled and ran 1.2-1.6x slower.
+// flight per SM set its speed. Up to d64, key blocks of 64 with two blocks of K
+// and V in flight (kernel/fwd.h kKvStages; decode d64 +3% on an H100 over one
+// block of 128 keys, as the sm90 family's tile +5%; at d64, 256 keys spilled
+// registers and ran 1.5-2x slower); 128 keys up to d128 (32 KB per K or V load),
+// 64 beyond. 40 / 80 / 96 KB of shared memory (d64 / d128 / d256): within 99 KB,
+// so one tile serves every sm_8x. Compiled for one CTA per SM like the others
+// (255 registers): bounds for three CTAs at d64 spilled and ran 1.2-1.6x slower.
 template <int kHeadDim>
 struct Sm80FwdKvTile {
-  static constexpr int kM = 64, kN = kHeadDim <= 128 ? 128 : 64, kWarps = 4;
+  static constexpr bool kStaged = kHeadDim <= 64;
+  static constexpr int kM = 64, kN = kStaged || kHeadDim > 128 ? 64 : 128, kWarps = 4, kStages = kStaged ? 2 : 1;
 };
 
 template <typename Element, int kHeadDim, TileSet kSet>
@@ -49,7 +52,8 @@ struct Sm80Fwd {
   static_assert(kSet != TileSet::kSmem99 || !kBuilt || sizeof(SharedStorage) <= kSmem99Bytes);
   using KvTile = Sm80FwdKvTile<kHeadDim>;
   using KvTraits = Sm80FwdTraits<Element, kHeadDim, KvTile::kM, KvTile::kN, KvTile::kWarps>;
-  static_assert(kv_smem_bytes<KvTraits>() <= kSmem99Bytes);
+  static constexpr int kKvStages = KvTile::kStages;
+  static_assert(kv_smem_bytes<KvTraits, kKvStages>() <= kSmem99Bytes);
 };
 
 }  // namespace flashattn

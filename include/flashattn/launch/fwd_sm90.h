@@ -82,10 +82,22 @@ void launch_fwd_ws_variant(const FwdParams& params, cudaStream_t stream) {
           params, make_fwd_ws_loads<Traits>(params));
 }
 
-// The KV cache kernel: one warpgroup of 64 query rows (decode has few).
+// The KV cache kernel: one warpgroup of 64 query rows (decode has few). Up to
+// d64, key blocks of 64 with two blocks of K and V in flight (kernel/fwd.h
+// kKvStages): decode d64 +5% (b = 1, h = h_k, long caches +10%) over one block
+// of 128 keys; 64 keys with one block in flight lost 12%, and at d128 two stages
+// of 64 keys won short caches and lost long ones (H100, docs/perf-notes.md).
+// FLASHATTN_SM90_KV_N and FLASHATTN_SM90_KV_STAGES (up to d128) build other
+// tiles to time them.
 template <int kHeadDim>
 struct Sm90FwdKvTile {
-  static constexpr int kM = 64, kN = kHeadDim <= 128 ? 128 : 64;
+  static constexpr bool kStaged = kHeadDim <= 64;
+#if defined(FLASHATTN_SM90_KV_N) && defined(FLASHATTN_SM90_KV_STAGES)
+  static constexpr int kM = 64, kN = kHeadDim <= 128 ? FLASHATTN_SM90_KV_N : 64;
+  static constexpr int kStages = kHeadDim <= 128 ? FLASHATTN_SM90_KV_STAGES : 1;
+#else
+  static constexpr int kM = 64, kN = kStaged || kHeadDim > 128 ? 64 : 128, kStages = kStaged ? 2 : 1;
+#endif
 };
 
 // Every tile fits Hopper's 227 KB: one tile set.
@@ -94,6 +106,7 @@ struct Sm90Fwd {
   static constexpr bool kBuilt = kSet == TileSet::kDefault;
   using KvTile = Sm90FwdKvTile<kHeadDim>;
   using KvTraits = Sm90FwdTraits<Element, kHeadDim, KvTile::kM, KvTile::kN>;
+  static constexpr int kKvStages = KvTile::kStages;
   using WsTile = Sm90FwdWsTile<kHeadDim>;
   using WsTraits = Sm90FwdWsTraits<Element, kHeadDim, WsTile::kM, WsTile::kN>;
   using WsLongTile = Sm90FwdWsLongTile<kHeadDim>;
@@ -106,7 +119,7 @@ struct Sm90Fwd {
   using WsDropoutTraits = Sm90FwdWsTraits<Element, kHeadDim, WsDropoutTile::kM, WsDropoutTile::kN>;
   // The kernel table's shared memory: the largest of the forward kernels'.
   using SharedStorage = LargestType<FwdWsSharedStorage<WsTraits>, FwdWsSharedStorage<WsLongTraits>,
-                                    FwdWsSharedStorage<WsDropoutTraits>, FwdSharedStorage<KvTraits>>;
+                                    FwdWsSharedStorage<WsDropoutTraits>, KvSharedStorage<KvTraits, kKvStages>>;
 
   // The forward (but the KV cache's) runs the warp-specialised kernel; with
   // dropout, in its own tile.
