@@ -73,7 +73,8 @@ __global__ void __launch_bounds__(BwdRows::kThreads) bwd_preprocess_kernel(const
       }
     }
     dot = lane_allreduce<R::kThreadsPerRow - 1>(dot, [](float a, float b) { return a + b; });
-    if (part == 0) p.softmax_d[ws_row0 + row] = dot;
+    // With dropout, D (1 - p): p_and_ds makes dS (1 - p).
+    if (part == 0) p.softmax_d[ws_row0 + row] = dot * (1.f - p.dropout_p);
   }
 }
 
@@ -113,7 +114,7 @@ __global__ void __launch_bounds__(Traits::kNThreads) bwd_convert_dq_kernel(const
   scratch_load<Traits::kNThreads>(
       params.dq_accum + (seq.workspace_row(params, tile.batch, tile.head) + m0) * kHeadDim, acc_dq, tidx);
   CUTE_UNROLL
-  for (int i = 0; i < size(acc_dq); ++i) acc_dq(i) *= params.softmax_scale;
+  for (int i = 0; i < size(acc_dq); ++i) acc_dq(i) *= params.softmax_scale * params.dropout_scale;  // dS (1 - p)
   auto& storage = *reinterpret_cast<ConvertDqSharedStorage<Traits>*>(smem);
   Tensor sdQ = make_tensor(make_smem_ptr(storage.dq.data()), typename Traits::SmemLayoutQdO{});  // (M, d)
   Tensor gdQ = make_tensor(
@@ -226,14 +227,16 @@ __device__ __forceinline__ void p_and_ds(Acc& acc_s, Acc& acc_dp, const Stats& s
   for (int i = 0; i < size(acc_s); ++i) acc_s(i) = exp2f(acc_s(i));
   products_wait<Traits, 0>(acc_dp);
   if constexpr (kDropout) {
-    // P Z for dV; dS = P (Z dP / (1 - p) - D).
+    // P Z for dV; dS = P (Z dP / (1 - p) - D), made as dS (1 - p) = (P Z) dP - P D (1 - p):
+    // the preprocess scaled D by 1 - p, and dK and dQ are scaled back. A select, a
+    // product and an fma per element (two more products before).
     auto apply = [&](int r, int c, uint32_t keep) {
       CUTE_UNROLL
       for (int k = 0; k < 2; ++k) {
         const float p = s_rc(r, c + k);
-        const bool kept = (keep >> (16 * k)) & 1u;
-        s_rc(r, c + k) = kept ? p : 0.f;
-        dp_rc(r, c + k) = p * ((kept ? dp_rc(r, c + k) * params.dropout_scale : 0.f) - stats.d_of(r, c + k));
+        const float kept_p = (keep >> (16 * k)) & 1u ? p : 0.f;
+        dp_rc(r, c + k) = fmaf(kept_p, dp_rc(r, c + k), -p * stats.d_of(r, c + k));
+        s_rc(r, c + k) = kept_p;
       }
     };
     if constexpr (std::is_same_v<KeepWords, std::nullptr_t>) {
@@ -281,8 +284,10 @@ __device__ __forceinline__ void store_dk_dv(Acc& acc_dk, Acc& acc_dv, TiledMma m
                                             const BwdParams& params, const SeqlenInfo& seq, int batch, int head_k,
                                             int n0, int tidx, const Sync& sync) {
   using Element = typename Traits::Element;
+  // With dropout, dS (1 - p) (p_and_ds).
+  const float dk_scale = kDropout ? params.softmax_scale * params.dropout_scale : params.softmax_scale;
   CUTE_UNROLL
-  for (int i = 0; i < size(acc_dk); ++i) acc_dk(i) *= params.softmax_scale;
+  for (int i = 0; i < size(acc_dk); ++i) acc_dk(i) *= dk_scale;
   if constexpr (kDropout) {
     CUTE_UNROLL
     for (int i = 0; i < size(acc_dv); ++i) acc_dv(i) *= params.dropout_scale;
