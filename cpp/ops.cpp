@@ -671,7 +671,11 @@ int choose_num_splits(int64_t tiles, int64_t key_blocks, int num_sms) {
 std::optional<Tensor> plan_splits(FwdParams& p, const FwdKernelEntry& kernel, int64_t requested,
                                   const Tensor& q) {
   if (p.cu_seqlens_q != nullptr) return std::nullopt;
-  const int64_t key_blocks = (int64_t(p.seqlen_k) + kernel.kv_block_n - 1) / kernel.kv_block_n;
+  // Splits are counted in units of at least 128 keys, whatever the kernel's key
+  // block: a split of fewer keys saves less than its partial write and the merge
+  // launch cost (a short forward would run two kernels where one did).
+  const int64_t unit = std::max(kernel.kv_block_n, 128);
+  const int64_t key_blocks = (int64_t(p.seqlen_k) + unit - 1) / unit;
   const int64_t tiles = int64_t(p.batch) * p.heads * ((p.seqlen_q + kernel.kv_block_m - 1) / kernel.kv_block_m);
   const int splits = requested > 0 ? static_cast<int>(std::max<int64_t>(1, std::min<int64_t>({requested, 128, key_blocks})))
                                    : choose_num_splits(tiles, key_blocks, p.num_sms);

@@ -385,15 +385,18 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(const FwdPara
 
     if constexpr (kStaged) {
       // Block n in stage `stage`; its stage refilled with block n - kKvStages once
-      // every warp is done with it.
+      // every warp is done with it. Paged: that block's entries were read from the
+      // block table an iteration earlier (one block's compute did not cover the read).
       int stage = 0;
+      int2 next_page = n_block - kKvStages >= n_begin ? fetch_page(n_block - kKvStages) : make_int2(0, 0);
       for (; n_block >= n_begin; --n_block) {
         const int n0 = n_block * kBlockN;
         const int ahead = n_block - kKvStages;
         cp_async_wait<kKvStages - 1>();
         publish_smem_to_mma<Traits>();
         __syncthreads();  // K[n] and V[n] (and Q) landed
-        const int2 ahead_page = ahead >= n_begin ? fetch_page(ahead) : make_int2(0, 0);
+        const int2 ahead_page = next_page;
+        next_page = ahead - 1 >= n_begin ? fetch_page(ahead - 1) : make_int2(0, 0);
         Tensor acc_s = partition_fragment_C(tiled_mma, Shape<Int<kBlockM>, Int<kBlockN>>{});
         scores(acc_s, n0, stage * kStageElems);
         accumulate(acc_s, n0, stage * kStageElems);
