@@ -84,9 +84,10 @@ void launch_fwd_ws_variant(const FwdParams& params, cudaStream_t stream) {
 
 // The KV cache kernel: one warpgroup of 64 query rows (decode has few). Up to
 // d64, key blocks of 64 with two blocks of K and V in flight (kernel/fwd.h
-// kKvStages): decode d64 +5% (b = 1, h = h_k, long caches +10%) over one block
-// of 128 keys; 64 keys with one block in flight lost 12%, and at d128 two stages
-// of 64 keys won short caches and lost long ones (H100, docs/perf-notes.md).
+// kKvStages): decode d64 +4% (b = 1, h = h_k, long caches +5 to +11%; paged
+// caches -1%) over one block of 128 keys; 64 keys with one block in flight lost
+// 11%, and at d128 two stages of 64 keys won short caches and lost long ones
+// (H100, docs/perf-notes.md).
 // FLASHATTN_SM90_KV_N and FLASHATTN_SM90_KV_STAGES (up to d128) build other
 // tiles to time them.
 template <int kHeadDim>
