@@ -175,6 +175,21 @@ def main():
                         help="page sizes of the paged caches timed (comma-separated; '' for none)")
     parser.add_argument("--out", help="write NAME.txt and NAME.json")
     args = parser.parse_args()
+
+    def subset(option, text, allowed):
+        """The comma-separated values of an option, each one of `allowed`."""
+        try:
+            values = {int(x) for x in text.split(",") if x.strip()}
+        except ValueError:
+            parser.error(f"{option} takes comma-separated integers, got {text!r}")
+        if not values <= set(allowed):
+            parser.error(f"{option} {text!r}: the grid has {', '.join(map(str, allowed))}")
+        return values
+
+    hdims = subset("--hdim", args.hdim, HEAD_DIMS) if args.hdim else None
+    batches = subset("--batch", args.batch, BATCHES) if args.batch else None
+    pages = tuple(sorted(subset("--pages", args.pages, PAGES)))
+
     import torch
 
     fa = load_flashattn()
@@ -195,10 +210,9 @@ def main():
         shapes = [(s_q, b, s_k, heads, d) for d in HEAD_DIMS for s_q, b, s_k, heads in
                   ((1, 1, 8192, (32, 8)), (1, 8, 8192, (32, 8)), (1, 64, 4096, (32, 32)), (4, 8, 32768, (32, 8)))]
     if args.hdim:
-        shapes = [s for s in shapes if s[4] in {int(x) for x in args.hdim.split(",")}]
+        shapes = [s for s in shapes if s[4] in hdims]
     if args.batch:
-        shapes = [s for s in shapes if s[1] in {int(x) for x in args.batch.split(",")}]
-    pages = tuple(int(x) for x in args.pages.split(",") if x)
+        shapes = [s for s in shapes if s[1] in batches]
     emit("s_q     b     s_k  h/h_k   d |  cache MB | flashattn us  GB/s %copy | paged16 us  vs cont | "
          "paged256 us vs cont |  SDPA-FA2 us | vs FA2")
     rows = []
