@@ -1,4 +1,5 @@
 // The KV cache's element-wise kernels, for every dtype (kernel/kv_cache.h).
+#include "flashattn/kernel/grid_dependency.h"
 #include "flashattn/kernel/kv_cache.h"
 #include "flashattn/launch/kv_cache_launch.h"
 
@@ -8,9 +9,9 @@ void launch_combine_splits(const FwdParams& p, cudaStream_t stream) {
   const int64_t rows = int64_t(p.batch) * p.heads * p.seqlen_q;
   const unsigned blocks = unsigned((rows + 3) / 4);
   if (p.is_bf16) {
-    combine_splits_kernel<__nv_bfloat16><<<blocks, 128, 0, stream>>>(p);
+    launch_after_previous_kernel<&combine_splits_kernel<__nv_bfloat16>>(blocks, 128, 0, stream, p.device, p);
   } else {
-    combine_splits_kernel<__half><<<blocks, 128, 0, stream>>>(p);
+    launch_after_previous_kernel<&combine_splits_kernel<__half>>(blocks, 128, 0, stream, p.device, p);
   }
 }
 

@@ -193,6 +193,48 @@ def test_kvcache(family, dtype, d, case):
         Case(family, dtype, d=d, seqlens=seqlens, **opts).run()
 
 
+@pytest.mark.parametrize("paged", [False, True])
+@pytest.mark.parametrize("family, dtype", FAMILY_DTYPES)
+def test_reads_what_the_kernel_before_it_wrote(family, dtype, paged):
+    # On sm_90 the KV cache kernel and the merge of its splits may start while the
+    # stream's previous kernel still runs (programmatic dependent launch): each must
+    # wait for it before reading. Here a large copy kernel rewrites the whole cache,
+    # and a small one the lengths, right before every call; nothing syncs between.
+    fam = require(family, dtype, 128)
+    b, h, h_k, d, s_cache, page = 2, 8, 2, 128, 4096, 16
+    g = torch.Generator("cuda").manual_seed(5)
+    rand = lambda *shape: torch.randn(*shape, generator=g, device="cuda", dtype=dtype)
+    q = rand(b, 1, h, d)
+    table = None
+    if paged:
+        pages = s_cache // page
+        table = torch.randperm(b * pages, device="cuda", generator=g).view(b, pages).to(torch.int32)
+        cache_shape = (b * pages, page, h_k, d)
+    else:
+        cache_shape = (b, s_cache, h_k, d)
+    k_cache, v_cache = torch.zeros(cache_shape, device="cuda", dtype=dtype), torch.zeros(cache_shape, device="cuda", dtype=dtype)
+    lens = torch.tensor([1000, 3000], dtype=torch.int32, device="cuda")
+    steps = [(rand(*cache_shape), rand(*cache_shape)) for _ in range(3)]
+    torch.cuda.synchronize()
+    outs = []
+    for i, (k_new, v_new) in enumerate(steps):
+        k_cache.copy_(k_new)
+        v_cache.copy_(v_new)
+        lens.add_(17 * i)
+        outs.append(flashattn.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=lens, block_table=table,
+                                                      num_splits=8, return_softmax_lse=True, family=fam))
+    lengths = [1000, 3000]
+    for i, (k_new, v_new) in enumerate(steps):
+        lengths = [n + 17 * i for n in lengths]
+        seqlens = torch.tensor(lengths, dtype=torch.int32, device="cuda")
+        ref = reference.kvcache_attention(q.float(), k_new.float(), v_new.float(), None, None, None, None, seqlens,
+                                          None, None, table, upcast=True, softmax_scale=1.0 / math.sqrt(d))
+        lowp = reference.kvcache_attention(q, k_new, v_new, None, None, None, None, seqlens, None, None, table,
+                                           upcast=False, softmax_scale=1.0 / math.sqrt(d))
+        assert_standard(f"out, step {i}", outs[i][0], ref[0], lowp[0], FWD_FACTOR)
+        assert_lse(outs[i][1], ref[1], lowp[1].float())
+
+
 @pytest.mark.parametrize("case", ["append5_causal_gqa", "paged16", "decode"])
 @pytest.mark.parametrize("d", [44, 59])
 @pytest.mark.parametrize("family, dtype", FAMILY_DTYPES)

@@ -10,6 +10,7 @@
 #include <cute/tensor.hpp>
 
 #include "flashattn/kernel/dropout.h"
+#include "flashattn/kernel/grid_dependency.h"
 #include "flashattn/kernel/mask.h"
 #include "flashattn/kernel/seqlen.h"
 #include "flashattn/kernel/shared_storage.h"
@@ -25,25 +26,24 @@ using namespace cute;
 
 // Tile row r of the key block at row n0 of a KV cache sequence sits this many
 // elements after the sequence's row 0 (contiguous cache) or after the head's
-// origin (paged cache: the page that holds the sequence's row first_row + n0 + r,
-// read from `staged`, where the CTA staged it in shared memory, else from the table).
+// origin (paged cache: the page that holds the sequence's row first_row + n0 + r).
+// kStagedPages: the CTA staged each row's offset (less r rows) in shared memory
+// (`staged`), else the row's page is read from the table.
+template <bool kStagedPages>
 struct KeyRowAddress {
-  const int* table;    // this sequence's block-table row; nullptr: contiguous
-  const int2* staged;  // (page, row in page) of each row of the block, or nullptr
+  const int* table;        // this sequence's block-table row; nullptr: contiguous
+  const int64_t* staged;   // PagedRow::k or ::v of row 0 of the block (rows 2 apart)
   int page_size, first_row, n0;
   index_t page_stride, row_stride;
 
   __device__ __forceinline__ int64_t operator()(int r) const {
     if (table == nullptr) return int64_t(n0) * row_stride;
-    int page, row_in_page;
-    if (staged != nullptr) {
-      const int2 at = staged[r];
-      page = at.x, row_in_page = at.y;
+    if constexpr (kStagedPages) {
+      return staged[2 * r];
     } else {
       const int row = first_row + n0 + r;
-      page = __ldg(table + row / page_size), row_in_page = row % page_size;
+      return int64_t(__ldg(table + row / page_size)) * page_stride + int64_t(row % page_size - r) * row_stride;
     }
-    return int64_t(page) * page_stride + int64_t(row_in_page - r) * row_stride;
   }
 };
 
@@ -88,6 +88,11 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(const FwdPara
   constexpr int kHeadDim = Traits::kHeadDim;
 
   extern __shared__ __align__(128) char smem[];
+  if constexpr (kKvCache) {
+    // Launched as a dependent of the stream's previous kernel (the append, or
+    // whatever wrote q and the cache): no memory is touched before this.
+    wait_for_previous_kernel();
+  }
   const int tidx = threadIdx.x;
   const QueryTileScheduler<kBlockM, kKvCache> tile(params);
   const SeqlenInfo seq(params, tile.batch, kKvCache);
@@ -144,15 +149,17 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(const FwdPara
   const index_t k_block_step = -index_t(kBlockN) * params.k_row_stride;
   const index_t v_block_step = -index_t(kBlockN) * params.v_row_stride;
   const int* block_table = paged ? params.block_table + tile.batch * params.block_table_batch_stride : nullptr;
-  // Paged: the (page, row in page) of each row of a key block, staged in shared
-  // memory (shared_storage.h KvSharedStorage: block n in slot n % 2) one step
-  // before the loads that need them, so that no load waits on a block-table read.
-  // Thread t looks up row t: the read is issued before a product, its store after.
-  int2* page_slots = nullptr;
+  // Paged: the K and V offsets of each row of a key block (PagedRow), staged in
+  // shared memory (shared_storage.h KvSharedStorage: block n in slot n % 2) one
+  // step before the loads that need them, so that no load waits on a block-table
+  // read. Thread t looks up row t: the read is issued before a product, the
+  // offsets made and stored after it.
+  PagedRow* page_slots = nullptr;
   if constexpr (kKvCache && kv_stages_pages<Traits, kKvStages>) {
     static_assert(kBlockN <= Traits::kNThreads, "one row of a key block per thread");
     if (paged) page_slots = reinterpret_cast<KvSharedStorage<Traits, kKvStages>*>(smem)->pages;
   }
+  // Row t's page and row within it (kept as a pair from the read to the store).
   auto fetch_page = [&](int n_block) {
     const int row = n_block * kBlockN + tidx;
     if (page_slots == nullptr || tidx >= kBlockN || row >= seq.seqlen_k) return make_int2(0, 0);
@@ -160,16 +167,25 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(const FwdPara
     return make_int2(__ldg(block_table + key / params.page_size), key % params.page_size);
   };
   auto store_page = [&](int n_block, int2 page) {
-    if (page_slots != nullptr && tidx < kBlockN) page_slots[(n_block & 1) * kBlockN + tidx] = page;
+    if (page_slots != nullptr && tidx < kBlockN) {
+      page_slots[(n_block & 1) * kBlockN + tidx] =
+          PagedRow{int64_t(page.x) * params.k_batch_stride + int64_t(page.y - tidx) * params.k_row_stride,
+                   int64_t(page.x) * params.v_batch_stride + int64_t(page.y - tidx) * params.v_row_stride};
+    }
   };
-  auto staged = [&](int n0) { return page_slots == nullptr ? nullptr : page_slots + ((n0 / kBlockN) & 1) * kBlockN; };
+  constexpr bool kStagedPages = kKvCache && kv_stages_pages<Traits, kKvStages>;
+  auto staged = [&](int n0, bool v) -> const int64_t* {
+    if (page_slots == nullptr) return nullptr;
+    const PagedRow* slot = page_slots + ((n0 / kBlockN) & 1) * kBlockN;
+    return v ? &slot->v : &slot->k;
+  };
   auto k_rows = [&](int n0) {
-    return KeyRowAddress{block_table, staged(n0), params.page_size, int(seq.row0_k), n0, params.k_batch_stride,
-                         params.k_row_stride};
+    return KeyRowAddress<kStagedPages>{block_table, staged(n0, false), params.page_size, int(seq.row0_k), n0,
+                                       params.k_batch_stride, params.k_row_stride};
   };
   auto v_rows = [&](int n0) {
-    return KeyRowAddress{block_table, staged(n0), params.page_size, int(seq.row0_k), n0, params.v_batch_stride,
-                         params.v_row_stride};
+    return KeyRowAddress<kStagedPages>{block_table, staged(n0, true), params.page_size, int(seq.row0_k), n0,
+                                       params.v_batch_stride, params.v_row_stride};
   };
   float* lse_row0 = params.softmax_lse + seq.lse_offset(params, tile.batch, tile.head * group);
   // Packed row -> its lse entry (query, head).
@@ -468,6 +484,9 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(const FwdPara
   }
 
   if constexpr (kKvCache) {
+    // The merge of the splits may put its CTAs on the SMs now. Not earlier: let
+    // in at the kernel's start, they held b = 8, 1k-key decode back by 13%.
+    allow_next_kernel_to_start();
     if (params.num_splits > 1) {
       // This split's fp32 partial output and lse (-inf: it saw no key), straight
       // from the registers: a few rows, merged by the combine kernel.

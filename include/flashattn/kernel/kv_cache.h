@@ -9,6 +9,7 @@
 
 #include <cstdint>
 
+#include "flashattn/kernel/grid_dependency.h"
 #include "flashattn/params.h"
 
 namespace flashattn {
@@ -40,6 +41,7 @@ struct alignas(16) Vec8 {
 // out 0 and lse +inf, as without splits.
 template <typename Element>
 __global__ void __launch_bounds__(128) combine_splits_kernel(const FwdParams p) {
+  wait_for_previous_kernel();  // the splits' results (launched as a dependent: kv_cache.cu)
   const int lane = threadIdx.x % 32;
   const int64_t rows = int64_t(p.batch) * p.heads * p.seqlen_q;
   const int64_t id = int64_t(blockIdx.x) * 4 + threadIdx.x / 32;  // ((b * h) + head) * s_q + row

@@ -4,6 +4,8 @@
 // vectors, so nothing pads between them.
 #pragma once
 
+#include <cstdint>
+
 #include <cute/container/array_aligned.hpp>
 #include <cute/layout.hpp>
 
@@ -30,12 +32,19 @@ struct FwdSharedStorage<Traits, kStages, true> : FwdSharedStorageBase<Traits, kS
   SmemTile<typename Traits::Element, typename Traits::SmemLayoutP> p;
 };
 
-// The KV cache kernel: the forward's, and for paged K/V the (page, row in page)
-// of each row of two key blocks (staged by fwd.h), where the family's GPUs
-// give a CTA room for them (not the sm75 family's largest tiles).
+// A key row's place in a paged KV cache: its K and V offsets in elements, whole,
+// so that the threads that copy the row read them rather than each redo the
+// page arithmetic (fwd.h).
+struct alignas(16) PagedRow {
+  int64_t k, v;
+};
+
+// The KV cache kernel: the forward's, and for paged K/V the K and V offsets of
+// each row of two key blocks (PagedRow, staged by fwd.h), where the family's
+// GPUs give a CTA room for them (not the sm75 family's largest tiles).
 template <typename Traits, int kStages = 1>
 struct KvSharedStorage : FwdSharedStorage<Traits, kStages> {
-  int2 pages[2 * Traits::kBlockN];
+  PagedRow pages[2 * Traits::kBlockN];
 };
 
 template <typename Traits, int kStages = 1>

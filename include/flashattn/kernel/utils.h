@@ -63,27 +63,39 @@ template <bool kZeroFills = false, typename TiledCopy, typename Src, typename Ds
 __device__ __forceinline__ void copy_tile(TiledCopy tiled_copy, const Src& src, Dst& dst,
                                           const Coords& coords, const ColPred& col_ok, int rows_left,
                                           const RowOffset& row_offset = {}) {
-  auto at = [&](int m, int k, int64_t offset) { return make_tensor(src(_, m, k).data() + offset, src(_, m, k).layout()); };
+  // Up to four rows' offsets are read before their copies: an offset read from
+  // shared memory (a paged cache's) placed after a cp.async, which writes shared
+  // memory, would wait for it, one memory latency per row.
+  constexpr int kPasses = decltype(size<1>(src))::value;
+  constexpr int kChunk = kPasses % 4 == 0 ? 4 : kPasses < 4 ? kPasses : kPasses % 2 == 0 ? 2 : 1;
   CUTE_UNROLL
-  for (int m = 0; m < size<1>(src); ++m) {
-    const int row = get<0>(coords(0, m, 0));
-    const bool row_ok = row < rows_left;
-    if constexpr (kZeroFills) {
-      const int64_t offset = row_ok ? row_offset(row) : 0;
-      CUTE_UNROLL
-      for (int k = 0; k < size<2>(src); ++k) copy(tiled_copy.with(row_ok && col_ok(k)), at(m, k, offset), dst(_, m, k));
-    } else if (row_ok) {
-      const int64_t offset = row_offset(row);
-      CUTE_UNROLL
-      for (int k = 0; k < size<2>(src); ++k) {
-        if (col_ok(k)) {
-          copy(tiled_copy, at(m, k, offset), dst(_, m, k));
-        } else {
-          clear(dst(_, m, k));
+  for (int m0 = 0; m0 < kPasses; m0 += kChunk) {
+    int64_t offsets[kChunk];
+    CUTE_UNROLL
+    for (int i = 0; i < kChunk; ++i) {
+      const int row = get<0>(coords(0, m0 + i, 0));
+      offsets[i] = row < rows_left ? row_offset(row) : 0;
+    }
+    CUTE_UNROLL
+    for (int i = 0; i < kChunk; ++i) {
+      const int m = m0 + i;
+      const bool row_ok = get<0>(coords(0, m, 0)) < rows_left;
+      auto at = [&](int k) { return make_tensor(src(_, m, k).data() + offsets[i], src(_, m, k).layout()); };
+      if constexpr (kZeroFills) {
+        CUTE_UNROLL
+        for (int k = 0; k < size<2>(src); ++k) copy(tiled_copy.with(row_ok && col_ok(k)), at(k), dst(_, m, k));
+      } else if (row_ok) {
+        CUTE_UNROLL
+        for (int k = 0; k < size<2>(src); ++k) {
+          if (col_ok(k)) {
+            copy(tiled_copy, at(k), dst(_, m, k));
+          } else {
+            clear(dst(_, m, k));
+          }
         }
+      } else {
+        clear(dst(_, m, _));
       }
-    } else {
-      clear(dst(_, m, _));
     }
   }
 }

@@ -10,6 +10,7 @@
 #include <type_traits>
 
 #include "flashattn/kernel/fwd.h"
+#include "flashattn/kernel/grid_dependency.h"
 #include "flashattn/launch/kv_cache_launch.h"
 #include "flashattn/launch/tile_set.h"
 #include "flashattn/params.h"
@@ -17,16 +18,17 @@
 namespace flashattn {
 
 // The KV cache kernel (softcap and ALiBi as runtime features) with its own tile,
-// then the merge of its splits.
+// then the merge of its splits; each may start while the kernel before it
+// finishes (kernel/grid_dependency.h).
 // kKvStages: key blocks of K and V in flight (fwd.h).
 template <typename KvTraits, int kKvStages>
 void launch_fwd_kv_cache_kernel(const FwdParams& params, cudaStream_t stream) {
   constexpr int kSmem = kv_smem_bytes<KvTraits, kKvStages>();
   static_assert(kSmem <= KvTraits::kMaxSmemBytes, "the tile needs more shared memory than the family's GPUs give a CTA");
-  opt_in_smem<fwd_kernel<KvTraits, true, true, false, kKvStages>>(kSmem, params.device);
-  fwd_kernel<KvTraits, true, true, false, kKvStages>
-      <<<QueryTileScheduler<KvTraits::kBlockM, true>::num_ctas(params), KvTraits::kNThreads, kSmem, stream>>>(
-          params);
+  constexpr auto kKernel = &fwd_kernel<KvTraits, true, true, false, kKvStages>;
+  opt_in_smem<kKernel>(kSmem, params.device);
+  launch_after_previous_kernel<kKernel>(QueryTileScheduler<KvTraits::kBlockM, true>::num_ctas(params),
+                                        KvTraits::kNThreads, kSmem, stream, params.device, params);
   if (params.num_splits > 1) launch_combine_splits(params, stream);
 }
 
