@@ -7,6 +7,8 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
+#include <atomic>
 #include <type_traits>
 
 #include "flashattn/kernel/fwd.h"
@@ -17,18 +19,42 @@
 
 namespace flashattn {
 
+// The least shared memory a CTA must ask for so that no more than two share an
+// SM (each takes its ask plus what the GPU reserves per CTA): asked once per
+// device (< 64).
+inline int smem_for_two_ctas_per_sm(int device) {
+  static std::atomic<int> bytes[64];  // 0: not asked yet
+  int known = bytes[device & 63].load(std::memory_order_relaxed);
+  if (known > 0) return known;
+  int per_sm = 0, reserved = 0;
+  if (cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&reserved, cudaDevAttrReservedSharedMemoryPerBlock, device) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;  // no padding; the launch reports what is wrong
+  }
+  known = ((per_sm / 3 - reserved) / 128 + 1) * 128;
+  bytes[device & 63].store(known, std::memory_order_relaxed);
+  return known;
+}
+
 // The KV cache kernel (softcap and ALiBi as runtime features) with its own tile,
 // then the merge of its splits; each may start while the kernel before it
 // finishes (kernel/grid_dependency.h).
-// kKvStages: key blocks of K and V in flight (fwd.h).
+// kKvStages: key blocks of K and V in flight (fwd.h). With stages, at most two
+// CTAs per SM, as the kernel was tuned (docs/perf-notes.md, decode): its d64
+// registers (161) let a third one in on Hopper, and b = 64 decode lost 5-22%
+// where the last of fewer, fuller waves ran few CTAs (H100).
 template <typename KvTraits, int kKvStages>
 void launch_fwd_kv_cache_kernel(const FwdParams& params, cudaStream_t stream) {
   constexpr int kSmem = kv_smem_bytes<KvTraits, kKvStages>();
   static_assert(kSmem <= KvTraits::kMaxSmemBytes, "the tile needs more shared memory than the family's GPUs give a CTA");
   constexpr auto kKernel = &fwd_kernel<KvTraits, true, true, false, kKvStages>;
-  opt_in_smem<kKernel>(kSmem, params.device);
+  const int smem = kKvStages > 1 ? std::min(std::max(kSmem, smem_for_two_ctas_per_sm(params.device)),
+                                            KvTraits::kMaxSmemBytes)
+                                 : kSmem;
+  opt_in_smem<kKernel>(smem, params.device);
   launch_after_previous_kernel<kKernel>(QueryTileScheduler<KvTraits::kBlockM, true>::num_ctas(params),
-                                        KvTraits::kNThreads, kSmem, stream, params.device, params);
+                                        KvTraits::kNThreads, smem, stream, params.device, params);
   if (params.num_splits > 1) launch_combine_splits(params, stream);
 }
 
