@@ -551,6 +551,7 @@ int prepare_fwd(const Tensor& q, const Tensor& k, const Tensor& v, const Options
   p.num_sms = dev.num_sms;
   p.l2_bytes = dev.l2_bytes;
   p.device = device;
+  p.max_smem = dev.max_smem;
   return family;
 }
 

@@ -193,46 +193,56 @@ def test_kvcache(family, dtype, d, case):
         Case(family, dtype, d=d, seqlens=seqlens, **opts).run()
 
 
-@pytest.mark.parametrize("paged", [False, True])
 @pytest.mark.parametrize("family, dtype", FAMILY_DTYPES)
-def test_reads_what_the_kernel_before_it_wrote(family, dtype, paged):
-    # On sm_90 the KV cache kernel and the merge of its splits may start while the
-    # stream's previous kernel still runs (programmatic dependent launch): each must
-    # wait for it before reading. Here a large copy kernel rewrites the whole cache,
-    # and a small one the lengths, right before every call; nothing syncs between.
+def test_reads_what_the_kernel_before_it_wrote(family, dtype):
+    # On sm_90 the KV cache kernel and the merge of its splits launch as dependents of
+    # the stream's previous kernel (programmatic dependent launch): each may start while
+    # that kernel runs and must wait for it before reading. Nothing syncs in between:
+    # (1) elementwise kernels rewrite the whole cache and the lengths right before each
+    # of three calls with eight splits (the merge waits for the split kernel, which waits
+    # for the rewrite); (2) a chain of calls without splits whose q is the previous
+    # call's output, which that call's kernel writes after letting the next one in.
     fam = require(family, dtype, 128)
-    b, h, h_k, d, s_cache, page = 2, 8, 2, 128, 4096, 16
+    b, h, h_k, d, s_cache = 2, 8, 2, 128, 4096
+    scale = 1.0 / math.sqrt(d)
     g = torch.Generator("cuda").manual_seed(5)
     rand = lambda *shape: torch.randn(*shape, generator=g, device="cuda", dtype=dtype)
     q = rand(b, 1, h, d)
-    table = None
-    if paged:
-        pages = s_cache // page
-        table = torch.randperm(b * pages, device="cuda", generator=g).view(b, pages).to(torch.int32)
-        cache_shape = (b * pages, page, h_k, d)
-    else:
-        cache_shape = (b, s_cache, h_k, d)
-    k_cache, v_cache = torch.zeros(cache_shape, device="cuda", dtype=dtype), torch.zeros(cache_shape, device="cuda", dtype=dtype)
+    k_cache = torch.zeros(b, s_cache, h_k, d, device="cuda", dtype=dtype)
+    v_cache = torch.zeros_like(k_cache)
     lens = torch.tensor([1000, 3000], dtype=torch.int32, device="cuda")
-    steps = [(rand(*cache_shape), rand(*cache_shape)) for _ in range(3)]
+    steps = [(rand(b, s_cache, h_k, d), rand(b, s_cache, h_k, d)) for _ in range(3)]
     torch.cuda.synchronize()
     outs = []
     for i, (k_new, v_new) in enumerate(steps):
-        k_cache.copy_(k_new)
-        v_cache.copy_(v_new)
+        torch.add(k_new, 0, out=k_cache)
+        torch.add(v_new, 0, out=v_cache)
         lens.add_(17 * i)
-        outs.append(flashattn.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=lens, block_table=table,
-                                                      num_splits=8, return_softmax_lse=True, family=fam))
+        outs.append(flashattn.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=lens, num_splits=8,
+                                                      return_softmax_lse=True, family=fam))
+    chain = [q]
+    for _ in range(4):
+        chain.append(flashattn.flash_attn_with_kvcache(chain[-1], k_cache, v_cache, cache_seqlens=lens, num_splits=1,
+                                                       family=fam))
+    torch.cuda.synchronize()
+
+    def reference_of(q_in, k, v, lengths):
+        seqlens = torch.tensor(lengths, dtype=torch.int32, device="cuda")
+        ref = reference.kvcache_attention(q_in.float(), k.float(), v.float(), None, None, None, None, seqlens,
+                                          upcast=True, softmax_scale=scale)
+        lowp = reference.kvcache_attention(q_in, k, v, None, None, None, None, seqlens, upcast=False,
+                                           softmax_scale=scale)
+        return ref, lowp
+
     lengths = [1000, 3000]
     for i, (k_new, v_new) in enumerate(steps):
         lengths = [n + 17 * i for n in lengths]
-        seqlens = torch.tensor(lengths, dtype=torch.int32, device="cuda")
-        ref = reference.kvcache_attention(q.float(), k_new.float(), v_new.float(), None, None, None, None, seqlens,
-                                          None, None, table, upcast=True, softmax_scale=1.0 / math.sqrt(d))
-        lowp = reference.kvcache_attention(q, k_new, v_new, None, None, None, None, seqlens, None, None, table,
-                                           upcast=False, softmax_scale=1.0 / math.sqrt(d))
+        ref, lowp = reference_of(q, k_new, v_new, lengths)
         assert_standard(f"out, step {i}", outs[i][0], ref[0], lowp[0], FWD_FACTOR)
         assert_lse(outs[i][1], ref[1], lowp[1].float())
+    for i in range(1, len(chain)):
+        ref, lowp = reference_of(chain[i - 1], *steps[-1], lengths)
+        assert_standard(f"chained call {i}", chain[i], ref[0], lowp[0], FWD_FACTOR)
 
 
 @pytest.mark.parametrize("case", ["append5_causal_gqa", "paged16", "decode"])

@@ -85,6 +85,7 @@ struct FwdParams {
   // tiles by the grid size.
   int* __restrict__ tile_counter = nullptr;
   int device = 0;   // CUDA device index (host side: the once-per-device shared-memory opt-in)
+  int max_smem = 0;  // shared memory a CTA may ask for (the device's, or FLASHATTN_MAX_SMEM_KB)
 
   // KV cache: read only by the cache kernel (fwd_kernel<..., kKvCache = true>),
   // which the host runs for flash_attn_with_kvcache, for a paged or split forward,

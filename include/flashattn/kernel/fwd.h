@@ -27,19 +27,20 @@ using namespace cute;
 // Tile row r of the key block at row n0 of a KV cache sequence sits this many
 // elements after the sequence's row 0 (contiguous cache) or after the head's
 // origin (paged cache: the page that holds the sequence's row first_row + n0 + r).
-// kStagedPages: the CTA staged each row's offset (less r rows) in shared memory
+// kStagedPages: the CTA staged each row's offsets (less r rows) in shared memory
 // (`staged`), else the row's page is read from the table.
 template <bool kStagedPages>
 struct KeyRowAddress {
-  const int* table;        // this sequence's block-table row; nullptr: contiguous
-  const int64_t* staged;   // PagedRow::k or ::v of row 0 of the block (rows 2 apart)
+  const int* table;         // this sequence's block-table row; nullptr: contiguous
+  const PagedRow* staged;   // the block's rows
+  int which;                // 0: K's offsets, 1: V's
   int page_size, first_row, n0;
   index_t page_stride, row_stride;
 
   __device__ __forceinline__ int64_t operator()(int r) const {
     if (table == nullptr) return int64_t(n0) * row_stride;
     if constexpr (kStagedPages) {
-      return staged[2 * r];
+      return staged[r].offset[which];
     } else {
       const int row = first_row + n0 + r;
       return int64_t(__ldg(table + row / page_size)) * page_stride + int64_t(row % page_size - r) * row_stride;
@@ -169,22 +170,20 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(const FwdPara
   auto store_page = [&](int n_block, int2 page) {
     if (page_slots != nullptr && tidx < kBlockN) {
       page_slots[(n_block & 1) * kBlockN + tidx] =
-          PagedRow{int64_t(page.x) * params.k_batch_stride + int64_t(page.y - tidx) * params.k_row_stride,
-                   int64_t(page.x) * params.v_batch_stride + int64_t(page.y - tidx) * params.v_row_stride};
+          PagedRow{{int64_t(page.x) * params.k_batch_stride + int64_t(page.y - tidx) * params.k_row_stride,
+                    int64_t(page.x) * params.v_batch_stride + int64_t(page.y - tidx) * params.v_row_stride}};
     }
   };
   constexpr bool kStagedPages = kKvCache && kv_stages_pages<Traits, kKvStages>;
-  auto staged = [&](int n0, bool v) -> const int64_t* {
-    if (page_slots == nullptr) return nullptr;
-    const PagedRow* slot = page_slots + ((n0 / kBlockN) & 1) * kBlockN;
-    return v ? &slot->v : &slot->k;
+  auto staged = [&](int n0) -> const PagedRow* {
+    return page_slots == nullptr ? nullptr : page_slots + ((n0 / kBlockN) & 1) * kBlockN;
   };
   auto k_rows = [&](int n0) {
-    return KeyRowAddress<kStagedPages>{block_table, staged(n0, false), params.page_size, int(seq.row0_k), n0,
+    return KeyRowAddress<kStagedPages>{block_table, staged(n0), 0, params.page_size, int(seq.row0_k), n0,
                                        params.k_batch_stride, params.k_row_stride};
   };
   auto v_rows = [&](int n0) {
-    return KeyRowAddress<kStagedPages>{block_table, staged(n0, true), params.page_size, int(seq.row0_k), n0,
+    return KeyRowAddress<kStagedPages>{block_table, staged(n0), 1, params.page_size, int(seq.row0_k), n0,
                                        params.v_batch_stride, params.v_row_stride};
   };
   float* lse_row0 = params.softmax_lse + seq.lse_offset(params, tile.batch, tile.head * group);

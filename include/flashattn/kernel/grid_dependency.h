@@ -30,43 +30,53 @@ __device__ __forceinline__ void allow_next_kernel_to_start() {
 #endif
 }
 
-// Whether kKernel's code for the current device was compiled for sm_90 or newer,
-// so that it waits in wait_for_previous_kernel() (a kernel compiled for an older
-// target, run by a newer GPU, has no wait). Asked once per device (< 64).
+// Per kernel and device (< 64): whether its code for that device was compiled
+// for sm_90 or newer, so that it waits in wait_for_previous_kernel() (a kernel
+// compiled for an older target, run by a newer GPU, has no wait), and whether a
+// dependent launch of it was refused there. Asked once per device.
 template <auto kKernel>
-bool waits_for_previous_kernel(int device) {
-  static std::atomic<uint64_t> known{0}, waits{0};
-  const uint64_t bit = uint64_t(1) << (device & 63);
-  if (known.load(std::memory_order_acquire) & bit) return waits.load(std::memory_order_relaxed) & bit;
-  cudaFuncAttributes attributes{};
-  const bool ok = cudaFuncGetAttributes(&attributes, kKernel) == cudaSuccess;
-  if (!ok) {
-    (void)cudaGetLastError();  // an ordinary launch reports what is wrong
-    return false;
+struct DependentLaunch {
+  static inline std::atomic<uint64_t> known{0}, waits{0};
+
+  static bool allowed(int device) {
+    const uint64_t bit = uint64_t(1) << (device & 63);
+    if (known.load(std::memory_order_acquire) & bit) return waits.load(std::memory_order_relaxed) & bit;
+    cudaFuncAttributes attributes{};
+    if (cudaFuncGetAttributes(&attributes, kKernel) != cudaSuccess) {
+      (void)cudaGetLastError();  // the ordinary launch reports what is wrong
+      return false;
+    }
+    if (attributes.ptxVersion >= 90) waits.fetch_or(bit, std::memory_order_relaxed);
+    known.fetch_or(bit, std::memory_order_release);
+    return attributes.ptxVersion >= 90;
   }
-  if (attributes.ptxVersion >= 90) waits.fetch_or(bit, std::memory_order_relaxed);
-  known.fetch_or(bit, std::memory_order_release);
-  return attributes.ptxVersion >= 90;
-}
+  static void refused(int device) { waits.fetch_and(~(uint64_t(1) << (device & 63)), std::memory_order_relaxed); }
+};
 
 // Launches kKernel<<<grid, block, smem, stream>>>(args...), as a dependent launch
-// where its code waits for the previous kernel (above).
+// where its code waits for the previous kernel (above); where the GPU or a graph
+// being captured refuses that, as an ordinary launch from then on.
 template <auto kKernel, typename... Args>
 void launch_after_previous_kernel(dim3 grid, dim3 block, int smem, cudaStream_t stream, int device,
-                                  Args&&... args) {
-  cudaLaunchAttribute dependent[1];
-  dependent[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  dependent[0].val.programmaticStreamSerializationAllowed = 1;
+                                  const Args&... args) {
   cudaLaunchConfig_t config{};
   config.gridDim = grid;
   config.blockDim = block;
   config.dynamicSmemBytes = size_t(smem);
   config.stream = stream;
-  if (waits_for_previous_kernel<kKernel>(device)) {
+  if (DependentLaunch<kKernel>::allowed(device)) {
+    cudaLaunchAttribute dependent[1];
+    dependent[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    dependent[0].val.programmaticStreamSerializationAllowed = 1;
     config.attrs = dependent;
     config.numAttrs = 1;
+    if (cudaLaunchKernelEx(&config, kKernel, args...) == cudaSuccess) return;
+    (void)cudaGetLastError();
+    DependentLaunch<kKernel>::refused(device);
+    config.attrs = nullptr;
+    config.numAttrs = 0;
   }
-  (void)cudaLaunchKernelEx(&config, kKernel, std::forward<Args>(args)...);  // errors: the caller's check_launch
+  (void)cudaLaunchKernelEx(&config, kKernel, args...);  // errors: the caller's check_launch
 }
 
 }  // namespace flashattn

@@ -36,7 +36,7 @@ struct FwdSharedStorage<Traits, kStages, true> : FwdSharedStorageBase<Traits, kS
 // so that the threads that copy the row read them rather than each redo the
 // page arithmetic (fwd.h).
 struct alignas(16) PagedRow {
-  int64_t k, v;
+  int64_t offset[2];  // K's, V's
 };
 
 // The KV cache kernel: the forward's, and for paged K/V the K and V offsets of

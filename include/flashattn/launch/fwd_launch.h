@@ -19,9 +19,10 @@
 
 namespace flashattn {
 
-// The least shared memory a CTA must ask for so that no more than two share an
-// SM (each takes its ask plus what the GPU reserves per CTA): asked once per
-// device (< 64).
+// What a CTA asks for so that no more than two share an SM (each takes its ask
+// plus what the GPU reserves per CTA): just over a third of the SM's shared
+// memory, less the reservation. Asked once per device (< 64); 0 if the GPU does
+// not say.
 inline int smem_for_two_ctas_per_sm(int device) {
   static std::atomic<int> bytes[64];  // 0: not asked yet
   int known = bytes[device & 63].load(std::memory_order_relaxed);
@@ -30,7 +31,7 @@ inline int smem_for_two_ctas_per_sm(int device) {
   if (cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device) != cudaSuccess ||
       cudaDeviceGetAttribute(&reserved, cudaDevAttrReservedSharedMemoryPerBlock, device) != cudaSuccess) {
     (void)cudaGetLastError();
-    return 0;  // no padding; the launch reports what is wrong
+    return 0;
   }
   known = ((per_sm / 3 - reserved) / 128 + 1) * 128;
   bytes[device & 63].store(known, std::memory_order_relaxed);
@@ -49,9 +50,9 @@ void launch_fwd_kv_cache_kernel(const FwdParams& params, cudaStream_t stream) {
   constexpr int kSmem = kv_smem_bytes<KvTraits, kKvStages>();
   static_assert(kSmem <= KvTraits::kMaxSmemBytes, "the tile needs more shared memory than the family's GPUs give a CTA");
   constexpr auto kKernel = &fwd_kernel<KvTraits, true, true, false, kKvStages>;
-  const int smem = kKvStages > 1 ? std::min(std::max(kSmem, smem_for_two_ctas_per_sm(params.device)),
-                                            KvTraits::kMaxSmemBytes)
-                                 : kSmem;
+  // Padded within what a launch may use (FLASHATTN_MAX_SMEM_KB included).
+  const int limit = params.max_smem > 0 ? std::min(params.max_smem, KvTraits::kMaxSmemBytes) : KvTraits::kMaxSmemBytes;
+  const int smem = kKvStages > 1 ? std::max(kSmem, std::min(smem_for_two_ctas_per_sm(params.device), limit)) : kSmem;
   opt_in_smem<kKernel>(smem, params.device);
   launch_after_previous_kernel<kKernel>(QueryTileScheduler<KvTraits::kBlockM, true>::num_ctas(params),
                                         KvTraits::kNThreads, smem, stream, params.device, params);
