@@ -42,9 +42,10 @@ inline int smem_for_two_ctas_per_sm(int device) {
 // then the merge of its splits; each may start while the kernel before it
 // finishes (kernel/grid_dependency.h).
 // kKvStages: key blocks of K and V in flight (fwd.h). With stages, at most two
-// CTAs per SM, as the kernel was tuned (docs/perf-notes.md, decode): its d64
-// registers (161) let a third one in on Hopper, and b = 64 decode lost 5-22%
-// where the last of fewer, fuller waves ran few CTAs (H100).
+// CTAs per SM, as the kernel was tuned and as the split count assumes
+// (choose_num_splits, cpp/ops.cpp): its d64 registers (161) let a third one in on
+// Hopper, and b = 64 decode lost 5-22% where the last of fewer, fuller waves ran
+// few CTAs (H100; docs/perf-notes.md, decode).
 template <typename KvTraits, int kKvStages>
 void launch_fwd_kv_cache_kernel(const FwdParams& params, cudaStream_t stream) {
   constexpr int kSmem = kv_smem_bytes<KvTraits, kKvStages>();
