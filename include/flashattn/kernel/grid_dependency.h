@@ -72,9 +72,11 @@ void launch_after_previous_kernel(dim3 grid, dim3 block, int smem, cudaStream_t 
     config.numAttrs = 1;
     if (cudaLaunchKernelEx(&config, kKernel, args...) == cudaSuccess) return;
     (void)cudaGetLastError();
-    DependentLaunch<kKernel>::refused(device);
     config.attrs = nullptr;
     config.numAttrs = 0;
+    // Only a refusal of the attribute itself turns it off (else the error stands).
+    if (cudaLaunchKernelEx(&config, kKernel, args...) == cudaSuccess) DependentLaunch<kKernel>::refused(device);
+    return;  // errors: the caller's check_launch
   }
   (void)cudaLaunchKernelEx(&config, kKernel, args...);  // errors: the caller's check_launch
 }
