@@ -30,10 +30,13 @@ __device__ __forceinline__ void allow_next_kernel_to_start() {
 #endif
 }
 
-// Per kernel and device (< 64): whether its code for that device was compiled
-// for sm_90 or newer, so that it waits in wait_for_previous_kernel() (a kernel
-// compiled for an older target, run by a newer GPU, has no wait), and whether a
-// dependent launch of it was refused there. Asked once per device.
+// Per kernel and device (< 64): whether a dependent launch of it is used there,
+// and whether one was refused. Used where the device is a Hopper GPU (compute
+// capability 9.x, where it was tested, inside CUDA graph captures too: a launch
+// refused during a capture ends the capture, so no retry could save it) and the
+// kernel's code for it was compiled for sm_90 or newer, so that it waits in
+// wait_for_previous_kernel() (a kernel compiled for an older target has no
+// wait). Asked once per device.
 template <auto kKernel>
 struct DependentLaunch {
   static inline std::atomic<uint64_t> known{0}, waits{0};
@@ -42,23 +45,27 @@ struct DependentLaunch {
     const uint64_t bit = uint64_t(1) << (device & 63);
     if (known.load(std::memory_order_acquire) & bit) return waits.load(std::memory_order_relaxed) & bit;
     cudaFuncAttributes attributes{};
-    if (cudaFuncGetAttributes(&attributes, kKernel) != cudaSuccess) {
+    int major = 0;
+    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
+        cudaFuncGetAttributes(&attributes, kKernel) != cudaSuccess) {
       (void)cudaGetLastError();  // the ordinary launch reports what is wrong
       return false;
     }
-    if (attributes.ptxVersion >= 90) waits.fetch_or(bit, std::memory_order_relaxed);
+    const bool use = major == 9 && attributes.ptxVersion >= 90;
+    if (use) waits.fetch_or(bit, std::memory_order_relaxed);
     known.fetch_or(bit, std::memory_order_release);
-    return attributes.ptxVersion >= 90;
+    return use;
   }
   static void refused(int device) { waits.fetch_and(~(uint64_t(1) << (device & 63)), std::memory_order_relaxed); }
 };
 
 // Launches kKernel<<<grid, block, smem, stream>>>(args...), as a dependent launch
-// where its code waits for the previous kernel (above); where the GPU or a graph
-// being captured refuses that, as an ordinary launch from then on.
+// where DependentLaunch allows it; where the GPU refuses that, as an ordinary
+// launch from then on. Returns the launch's error (also left for the caller's
+// check_launch), so that nothing is launched after a kernel that was not.
 template <auto kKernel, typename... Args>
-void launch_after_previous_kernel(dim3 grid, dim3 block, int smem, cudaStream_t stream, int device,
-                                  const Args&... args) {
+cudaError_t launch_after_previous_kernel(dim3 grid, dim3 block, int smem, cudaStream_t stream, int device,
+                                         const Args&... args) {
   cudaLaunchConfig_t config{};
   config.gridDim = grid;
   config.blockDim = block;
@@ -70,15 +77,16 @@ void launch_after_previous_kernel(dim3 grid, dim3 block, int smem, cudaStream_t 
     dependent[0].val.programmaticStreamSerializationAllowed = 1;
     config.attrs = dependent;
     config.numAttrs = 1;
-    if (cudaLaunchKernelEx(&config, kKernel, args...) == cudaSuccess) return;
+    if (cudaLaunchKernelEx(&config, kKernel, args...) == cudaSuccess) return cudaSuccess;
     (void)cudaGetLastError();
     config.attrs = nullptr;
     config.numAttrs = 0;
     // Only a refusal of the attribute itself turns it off (else the error stands).
-    if (cudaLaunchKernelEx(&config, kKernel, args...) == cudaSuccess) DependentLaunch<kKernel>::refused(device);
-    return;  // errors: the caller's check_launch
+    const cudaError_t error = cudaLaunchKernelEx(&config, kKernel, args...);
+    if (error == cudaSuccess) DependentLaunch<kKernel>::refused(device);
+    return error;
   }
-  (void)cudaLaunchKernelEx(&config, kKernel, args...);  // errors: the caller's check_launch
+  return cudaLaunchKernelEx(&config, kKernel, args...);
 }
 
 }  // namespace flashattn

@@ -53,10 +53,15 @@ void launch_fwd_kv_cache_kernel(const FwdParams& params, cudaStream_t stream) {
   constexpr auto kKernel = &fwd_kernel<KvTraits, true, true, false, kKvStages>;
   // Padded within what a launch may use (FLASHATTN_MAX_SMEM_KB included).
   const int limit = params.max_smem > 0 ? std::min(params.max_smem, KvTraits::kMaxSmemBytes) : KvTraits::kMaxSmemBytes;
+  // (A cap below the two-CTA ask, e.g. FLASHATTN_MAX_SMEM_KB=64 on an H100, lets
+  // a third CTA in: slower at large batches, not wrong.)
   const int smem = kKvStages > 1 ? std::max(kSmem, std::min(smem_for_two_ctas_per_sm(params.device), limit)) : kSmem;
-  opt_in_smem<kKernel>(smem, params.device);
-  launch_after_previous_kernel<kKernel>(QueryTileScheduler<KvTraits::kBlockM, true>::num_ctas(params),
-                                        KvTraits::kNThreads, smem, stream, params.device, params);
+  // Opted in once per kernel and device: at the most any call asks.
+  opt_in_smem<kKernel>(kKvStages > 1 && params.max_smem > 0 ? std::max(kSmem, limit) : smem, params.device);
+  if (launch_after_previous_kernel<kKernel>(QueryTileScheduler<KvTraits::kBlockM, true>::num_ctas(params),
+                                            KvTraits::kNThreads, smem, stream, params.device, params) != cudaSuccess) {
+    return;  // the caller's check_launch reports it; no merge of splits never written
+  }
   if (params.num_splits > 1) launch_combine_splits(params, stream);
 }
 
