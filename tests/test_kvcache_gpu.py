@@ -245,6 +245,34 @@ def test_reads_what_the_kernel_before_it_wrote(family, dtype):
         assert_standard(f"chained call {i}", chain[i], ref[0], lowp[0], FWD_FACTOR)
 
 
+@pytest.mark.parametrize("family, dtype", FAMILY_DTYPES)
+def test_chained_calls_read_the_previous_output(family, dtype):
+    # As the chain above, with a grid of several waves (b = 64, 8 KV heads: 512 CTAs
+    # without splits) and uneven cache lengths. A build without the waits
+    # (-DFLASHATTN_NO_GRID_WAIT) passed this and the test above on an H100 too: the
+    # window between a CTA letting the next call in and writing its output is short,
+    # so these check the chained results, not that the wait is there.
+    fam = require(family, dtype, 128)
+    b, h, h_k, d, s_cache = 64, 32, 8, 128, 2048
+    scale = 1.0 / math.sqrt(d)
+    g = torch.Generator("cuda").manual_seed(6)
+    rand = lambda *shape: torch.randn(*shape, generator=g, device="cuda", dtype=dtype)
+    k_cache, v_cache = rand(b, s_cache, h_k, d), rand(b, s_cache, h_k, d)
+    lens = torch.randint(1, s_cache + 1, (b,), generator=g, device="cuda", dtype=torch.int32)
+    chain = [rand(b, 1, h, d)]
+    torch.cuda.synchronize()
+    for _ in range(6):
+        chain.append(flashattn.flash_attn_with_kvcache(chain[-1], k_cache, v_cache, cache_seqlens=lens, num_splits=1,
+                                                       family=fam))
+    torch.cuda.synchronize()
+    for i in range(1, len(chain)):
+        ref = reference.kvcache_attention(chain[i - 1].float(), k_cache.float(), v_cache.float(), None, None, None, None,
+                                          lens, upcast=True, softmax_scale=scale)
+        lowp = reference.kvcache_attention(chain[i - 1], k_cache, v_cache, None, None, None, None, lens, upcast=False,
+                                           softmax_scale=scale)
+        assert_standard(f"chained call {i}", chain[i], ref[0], lowp[0], FWD_FACTOR)
+
+
 @pytest.mark.parametrize("case", ["append5_causal_gqa", "paged16", "decode"])
 @pytest.mark.parametrize("d", [44, 59])
 @pytest.mark.parametrize("family, dtype", FAMILY_DTYPES)
