@@ -220,28 +220,39 @@ def test_reads_what_the_kernel_before_it_wrote(family, dtype):
         lens.add_(17 * i)
         outs.append(flashattn.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=lens, num_splits=8,
                                                       return_softmax_lse=True, family=fam))
-    chain = [q]
-    for _ in range(4):
-        chain.append(flashattn.flash_attn_with_kvcache(chain[-1], k_cache, v_cache, cache_seqlens=lens, num_splits=1,
-                                                       family=fam))
+    chain = _chained_calls(q, k_cache, v_cache, lens, fam, 4)
     torch.cuda.synchronize()
-
-    def reference_of(q_in, k, v, lengths):
-        seqlens = torch.tensor(lengths, dtype=torch.int32, device="cuda")
-        ref = reference.kvcache_attention(q_in.float(), k.float(), v.float(), None, None, None, None, seqlens,
-                                          upcast=True, softmax_scale=scale)
-        lowp = reference.kvcache_attention(q_in, k, v, None, None, None, None, seqlens, upcast=False,
-                                           softmax_scale=scale)
-        return ref, lowp
-
     lengths = [1000, 3000]
     for i, (k_new, v_new) in enumerate(steps):
         lengths = [n + 17 * i for n in lengths]
-        ref, lowp = reference_of(q, k_new, v_new, lengths)
+        seqlens = torch.tensor(lengths, dtype=torch.int32, device="cuda")
+        ref, lowp = _decode_references(q, k_new, v_new, seqlens, scale)
         assert_standard(f"out, step {i}", outs[i][0], ref[0], lowp[0], FWD_FACTOR)
         assert_lse(outs[i][1], ref[1], lowp[1].float())
+    _check_chain(chain, k_cache, v_cache, lens, scale)  # the caches hold the last step's keys
+
+
+def _decode_references(q, k_cache, v_cache, seqlens, scale):
+    """(fp32 reference, reference in q's precision) of a decode step over whole caches."""
+    ref = reference.kvcache_attention(q.float(), k_cache.float(), v_cache.float(), None, None, None, None, seqlens,
+                                      upcast=True, softmax_scale=scale)
+    lowp = reference.kvcache_attention(q, k_cache, v_cache, None, None, None, None, seqlens, upcast=False,
+                                       softmax_scale=scale)
+    return ref, lowp
+
+
+def _chained_calls(q, k_cache, v_cache, lens, family, calls):
+    """[q, out_1, ...]: each call's q is the previous call's output, with no sync between."""
+    chain = [q]
+    for _ in range(calls):
+        chain.append(flashattn.flash_attn_with_kvcache(chain[-1], k_cache, v_cache, cache_seqlens=lens, num_splits=1,
+                                                       family=family))
+    return chain
+
+
+def _check_chain(chain, k_cache, v_cache, lens, scale):
     for i in range(1, len(chain)):
-        ref, lowp = reference_of(chain[i - 1], *steps[-1], lengths)
+        ref, lowp = _decode_references(chain[i - 1], k_cache, v_cache, lens, scale)
         assert_standard(f"chained call {i}", chain[i], ref[0], lowp[0], FWD_FACTOR)
 
 
@@ -259,18 +270,11 @@ def test_chained_calls_read_the_previous_output(family, dtype):
     rand = lambda *shape: torch.randn(*shape, generator=g, device="cuda", dtype=dtype)
     k_cache, v_cache = rand(b, s_cache, h_k, d), rand(b, s_cache, h_k, d)
     lens = torch.randint(1, s_cache + 1, (b,), generator=g, device="cuda", dtype=torch.int32)
-    chain = [rand(b, 1, h, d)]
+    q = rand(b, 1, h, d)
     torch.cuda.synchronize()
-    for _ in range(6):
-        chain.append(flashattn.flash_attn_with_kvcache(chain[-1], k_cache, v_cache, cache_seqlens=lens, num_splits=1,
-                                                       family=fam))
+    chain = _chained_calls(q, k_cache, v_cache, lens, fam, 6)
     torch.cuda.synchronize()
-    for i in range(1, len(chain)):
-        ref = reference.kvcache_attention(chain[i - 1].float(), k_cache.float(), v_cache.float(), None, None, None, None,
-                                          lens, upcast=True, softmax_scale=scale)
-        lowp = reference.kvcache_attention(chain[i - 1], k_cache, v_cache, None, None, None, None, lens, upcast=False,
-                                           softmax_scale=scale)
-        assert_standard(f"chained call {i}", chain[i], ref[0], lowp[0], FWD_FACTOR)
+    _check_chain(chain, k_cache, v_cache, lens, scale)
 
 
 @pytest.mark.parametrize("case", ["append5_causal_gqa", "paged16", "decode"])
