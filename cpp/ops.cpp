@@ -879,11 +879,19 @@ std::tuple<Tensor, Tensor> fwd_kvcache(Tensor q, Tensor k_cache, Tensor v_cache,
              ") must be a multiple of 16 and at most the head dim ", d);
     FA_CHECK(cos.size(0) >= capacity, "rotary_cos/rotary_sin have ", cos.size(0),
              " positions but the cache holds ", capacity, "; pass one row per cache position");
+    a.q_positions_per_row = causal || window_left >= 0 || window_right >= 0;
+    // Under a causal or local mask q row i is rotated at cache_seqlens + i. A device
+    // tensor cache_seqlens is checked by the public function (one sync, where it
+    // can); the kernel leaves rows past the tables unrotated.
+    FA_CHECK(!a.q_positions_per_row || cache_seqlen < 0 || cache_seqlen + s_q <= cos.size(0),
+             "under a causal or local mask q's rows are rotated at cache_seqlens + row, up to ",
+             cache_seqlen + s_q - 1, ", but rotary_cos/rotary_sin have ", cos.size(0),
+             " positions; pass more rows (one per position) or fewer query rows");
     a.rotary_cos = cos.data_ptr();
     a.rotary_sin = sin.data_ptr();
     a.rotary_dim = static_cast<int>(rotary_dim);
+    a.rotary_rows = static_cast<int>(std::min<int64_t>(cos.size(0), INT32_MAX));
     a.rotary_interleaved = rotary_interleaved;
-    a.q_positions_per_row = causal || window_left >= 0 || window_right >= 0;
     q_rot = new_like(q);
     a.q = q.data_ptr();
     a.q_rot = q_rot->data_ptr();

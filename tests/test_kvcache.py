@@ -195,6 +195,20 @@ def test_kvcache_errors(overrides, match):
         _call(**overrides)
 
 
+# Under a causal or local mask q's row i is rotated at cache_seqlens + i: with more q
+# rows than new keys those positions can pass the tables' rows.
+ROTARY_PAST = {"q": torch.randn(2, 4, 4, 16), "causal": True, "rotary_cos": torch.randn(8, 8),
+               "rotary_sin": torch.randn(8, 8)}
+
+
+@pytest.mark.parametrize("seqlens", [torch.tensor([1, 5], dtype=torch.int32), 5], ids=["tensor", "int"])
+def test_rotary_positions_past_the_tables_are_refused(seqlens):
+    with pytest.raises(flashattn.FlashAttnError, match="rotated at cache_seqlens \\+ row, up to 8"):
+        _call(cache_seqlens=seqlens, **ROTARY_PAST)
+    _call(cache_seqlens=4, **ROTARY_PAST)  # rows at 4..7: held
+    _call(cache_seqlens=5, **{**ROTARY_PAST, "causal": False})  # every row at 5
+
+
 def test_varlen_cache_is_forward_only():
     q = torch.randn(3, 2, 16, requires_grad=True)
     k = torch.randn(2, 4, 2, 16)

@@ -59,12 +59,15 @@ class Case:
         gc = torch.Generator().manual_seed(seed)
         rand = lambda *shape: torch.randn(*shape, generator=g, device="cuda", dtype=dtype)
         self.q = rand(b, s_q, h, d)
-        # Keys already cached per sequence: 0, full, and random ones between.
+        # Keys already cached per sequence: 0, full, and random ones between. Under a
+        # causal or local mask a rotary embedding turns q's row i at cache_seqlens + i,
+        # which the tables must hold (as flash_attn's tests draw them).
+        room = max(s_new, s_q) if rotary_dim and (causal or window != (-1, -1)) else s_new
         if seqlens == "random":
-            lengths = torch.randint(0, s_cache - s_new + 1, (b,), generator=gc)
+            lengths = torch.randint(0, s_cache - room + 1, (b,), generator=gc)
             lengths[0] = 0
             if b > 1:
-                lengths[1] = s_cache - s_new
+                lengths[1] = s_cache - room
         else:
             lengths = torch.full((b,), int(seqlens))
         self.lengths = lengths.tolist()
@@ -297,6 +300,36 @@ def test_rotary_wider_than_an_unpadded_head_dim():
     with pytest.raises(RuntimeError, match="rotary_dim = 48, more than the head dim 44"):
         flashattn.flash_attn_with_kvcache(q, cache, cache.clone(), new, new, rotary_cos=cos, rotary_sin=sin,
                                           cache_seqlens=3)
+
+
+@pytest.mark.parametrize("family, dtype", FAMILY_DTYPES)
+def test_rotary_positions_past_the_tables(family, dtype):
+    # Causal, 6 q rows and 2 new keys at cache_seqlens 9 of a 12-row cache: q's rows
+    # are rotated at 9..14, past the tables' 12 rows. The public function refuses it
+    # (one sync, tensor cache_seqlens); the op, as inside a CUDA graph, does not check
+    # and must leave rows 12.. unrotated rather than read past the tables, which here
+    # end where NaN rows begin.
+    fam = require(family, dtype, 64)
+    g = torch.Generator("cuda").manual_seed(3)
+    rand = lambda *shape: torch.randn(*shape, generator=g, device="cuda", dtype=dtype)
+    q, k_cache, v_cache, k, v = rand(1, 6, 4, 64), rand(1, 12, 2, 64), rand(1, 12, 2, 64), rand(1, 2, 2, 64), rand(1, 2, 2, 64)
+    seqlens = torch.tensor([9], dtype=torch.int32, device="cuda")
+    cos, sin = (t.repeat(2, 1) for t in rotary_tables(12, 32, dtype))
+    cos[12:], sin[12:] = float("nan"), float("nan")
+    cos, sin = cos[:12], sin[:12]
+    with pytest.raises(flashattn.FlashAttnError, match="up to 14, but rotary_cos/rotary_sin have 12 positions"):
+        flashattn.flash_attn_with_kvcache(q, k_cache.clone(), v_cache.clone(), k, v, rotary_cos=cos, rotary_sin=sin,
+                                          cache_seqlens=seqlens, causal=True, family=fam)
+    kc, vc = k_cache.clone(), v_cache.clone()
+    out, lse = call_kernel(torch.ops.flashattn.fwd_kvcache, q, kc, vc, k, v, cos, sin, seqlens, -1, None, None, None,
+                           None, 0.125, True, -1, -1, 0.0, True, 0, fam)
+    kr, vr = k_cache.float(), v_cache.float()
+    ref, ref_lse = reference.kvcache_attention(q.float(), kr, vr, k.float(), v.float(), cos.float(), sin.float(),
+                                               seqlens, softmax_scale=0.125, causal=True)
+    low, low_lse = reference.kvcache_attention(q, k_cache.clone(), v_cache.clone(), k, v, cos, sin, seqlens,
+                                               softmax_scale=0.125, causal=True, upcast=False)
+    assert_standard("out", out, ref, low, FWD_FACTOR)
+    assert_lse(lse, ref_lse, low_lse.float())
 
 
 def _device_family():

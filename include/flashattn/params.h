@@ -141,6 +141,7 @@ struct KvAppendParams {
   int page_size = 0;
   int batch = 0, seqlen_q = 0, seqlen_new = 0, heads = 0, heads_k = 0, head_dim = 0;
   int rotary_dim = 0;         // 0: no rotary
+  int rotary_rows = 0;        // seqlen_ro: positions at or past it are left unrotated
   bool rotary_interleaved = true;
   bool q_positions_per_row = false;  // q row i at cache_seqlens[b] + i (causal/local), else all at cache_seqlens[b]
   bool is_bf16 = false;

@@ -779,6 +779,8 @@ def flash_attn_with_kvcache(
         if family is not None:
             _dispatch.parse_family(family)
         family = 0
+    if causal or window_left >= 0 or window_right >= 0:
+        _check_rotary_covers_queries(q, k, rotary_cos, cache_seqlens, cache_seqlen)
     args = (
         q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_seqlen, cache_batch_idx,
         cache_leftpad, block_table, alibi_slopes, float(softmax_scale), bool(causal), window_left, window_right,
@@ -816,6 +818,37 @@ def _check_pages_hold_keys(k_cache, k, cache_seqlens, block_table):
             f"max(cache_seqlens){' + s_new' if s_new else ''} = {longest} keys, but block_table addresses"
             f" {block_table.shape[1]} pages of {k_cache.shape[1]} = {capacity} per sequence — give block_table"
             " more columns (pages)"
+        )
+
+
+def _check_rotary_covers_queries(q, k, rotary_cos, cache_seqlens, cache_seqlen):
+    """Under a causal or local mask q's row i is rotated at cache_seqlens[b] + i: that
+    rotary_cos has those positions. Where q has no more rows than the new keys, the
+    cache's own check covers them; else a tensor cache_seqlens is read back (one
+    sync, in that case only, and not while a CUDA graph is captured or torch.compile
+    traces; the kernel then leaves rows past the tables unrotated)."""
+    if not (isinstance(rotary_cos, torch.Tensor) and rotary_cos.dim() == 2 and isinstance(q, torch.Tensor)
+            and q.dim() == 4):
+        return  # no rotary, or inputs the op names
+    s_q = q.shape[1]
+    s_new = k.shape[1] if isinstance(k, torch.Tensor) and k.dim() == 4 else 0
+    if s_q <= s_new:
+        return
+    if isinstance(cache_seqlens, torch.Tensor):
+        if not cache_seqlens.numel() or torch.compiler.is_compiling() or (
+            cache_seqlens.is_cuda and torch.cuda.is_current_stream_capturing()
+        ):
+            return
+        first = int(cache_seqlens.max())
+    elif cache_seqlen >= 0:
+        first = cache_seqlen
+    else:
+        return
+    if first + s_q > rotary_cos.shape[0]:
+        fail(
+            f"under a causal or local mask q's rows are rotated at cache_seqlens + row, up to {first + s_q - 1},"
+            f" but rotary_cos/rotary_sin have {rotary_cos.shape[0]} positions — pass a row per position"
+            " (or fewer query rows)"
         )
 
 

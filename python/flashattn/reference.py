@@ -451,10 +451,13 @@ def apply_rotary(
     """Rotary embedding of x (b, s, h, d) at positions (b, s): its first
     rotary_dim = 2 * cos.shape[1] dims are rotated by the angles of row positions[b, i]
     of cos/sin (seqlen_ro, rotary_dim / 2); pairs (2j, 2j + 1) when ``interleaved``,
-    else (j, j + rotary_dim / 2). Computed in fp32, returned in x's dtype."""
+    else (j, j + rotary_dim / 2). Computed in fp32, returned in x's dtype. Rows at a
+    position past the tables are left as they are (angle 0), as the kernels do."""
     rotary_dim = 2 * cos.shape[1]
-    c = cos[positions].float()[:, :, None]  # (b, s, 1, rotary_dim / 2)
-    s = sin[positions].float()[:, :, None]
+    held = positions < cos.shape[0]
+    at = torch.where(held, positions, 0)
+    c = torch.where(held[..., None], cos[at].float(), 1.0)[:, :, None]  # (b, s, 1, rotary_dim / 2)
+    s = torch.where(held[..., None], sin[at].float(), 0.0)[:, :, None]
     x_rot = x[..., :rotary_dim].float()
     if interleaved:
         x1, x2 = x_rot[..., 0::2], x_rot[..., 1::2]

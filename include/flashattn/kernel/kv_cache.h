@@ -124,12 +124,15 @@ __device__ __forceinline__ int64_t cache_row_offset(const KvAppendParams& p, int
 }
 
 // Rotates 8 columns at position `pos` (and, non-interleaved, their partner 8
-// columns rotary_dim / 2 on) and stores them. Columns at or past rotary_dim copy.
+// columns rotary_dim / 2 on) and stores them. Columns at or past rotary_dim copy,
+// and so do rows whose position the tables do not hold: a q row past the cache's
+// end under a causal or local mask, which the host refuses where it can see the
+// sizes (it cannot inside a CUDA graph) — never a read past the tables.
 template <typename Element>
 __device__ __forceinline__ void rotate_store(const KvAppendParams& p, const Element* src, Element* dst, int col,
                                              int pos) {
   Vec8<Element> x = *reinterpret_cast<const Vec8<Element>*>(src + col);
-  if (col >= p.rotary_dim) {
+  if (col >= p.rotary_dim || pos >= p.rotary_rows) {
     *reinterpret_cast<Vec8<Element>*>(dst + col) = x;
     return;
   }
