@@ -4,10 +4,10 @@ The suites beside this one pin each feature at chosen shapes. Here hypothesis dr
 shapes and options together: lengths on and off the tiles' edges, GQA, head dims
 inside and between buckets, causal and window masks, softcap, ALiBi, dropout,
 strided and misaligned views, deterministic backwards, varlen batches with empty
-sequences, KV caches with every option. Each call runs forward and backward (the KV
-cache forward only) into outputs drawn after the allocator's free memory was filled
-with NaN, and is held to DESIGN.md's standard against the fp32 reference computed
-with the kernel's own dropout mask.
+sequences, KV caches with every option, varlen batches over packed or paged caches.
+Each call runs forward and backward (over a cache forward only) into outputs drawn
+after the allocator's free memory was filled with NaN, and is held to DESIGN.md's
+standard against the fp32 reference computed with the kernel's own dropout mask.
 
 The examples are derandomized: the same on every run. FLASHATTN_FUZZ_EXAMPLES sets
 how many each test draws (default 10); FLASHATTN_FUZZ_SEED draws another set;
@@ -281,5 +281,69 @@ def test_fuzz_kvcache(family, dtype):
             kwargs["seqlens"] = draw(st.integers(0, s_cache - room))
         log_call("kvcache", family, dtype, kwargs)
         Case(family, dtype, **kwargs).run()
+
+    run()
+
+
+@pytest.mark.parametrize("family, dtype", FAMILY_DTYPES)
+def test_fuzz_varlen_over_a_cache(family, dtype):
+    # flash_attn_varlen_func with seqused_k, over packed rows or pages (paged prefill);
+    # every row a sequence does not use is NaN.
+    fam = require(family, dtype, 8)
+    dims = head_dims(family, dtype)
+
+    @examples
+    @given(st.data())
+    def run(data):
+        draw = data.draw
+        n = draw(st.integers(1, 5))
+        lengths_q = draw(st.lists(lengths(0, 300), min_size=n, max_size=n))
+        used = draw(st.lists(lengths(0, 900), min_size=n, max_size=n))
+        lengths_q[0], used[0] = max(lengths_q[0], 1), max(used[0], 1)
+        page = draw(st.one_of(st.none(), st.integers(1, 300)))
+        spare = draw(st.integers(0, 9))  # packed rows past each sequence's used ones
+        h_k, group = draw(st.integers(1, 3)), draw(st.sampled_from([1, 2, 4]))
+        h = h_k * group
+        d = draw(dims)
+        opts = options(draw, max(used), n, h)
+        opts["dropout_p"] = 0.0  # a forward over a cache has no dropout
+        seed = draw(st.integers(0, 2**20))
+        log_call("varlen_cache", family, dtype, dict(lengths_q=lengths_q, used=used, page=page, spare=spare, h=h,
+                                                     h_k=h_k, d=d, seed=seed, **opts))
+        g = torch.Generator("cuda").manual_seed(seed)
+        rand = lambda *shape: torch.randn(*shape, generator=g, device="cuda", dtype=dtype)
+        q = rand(sum(lengths_q), h, d)
+        cu_q = cu_seqlens(lengths_q)
+        if page is None:
+            rows = [u + spare for u in used]
+            k, v = rand(sum(rows), h_k, d), rand(sum(rows), h_k, d)
+            cu_k, table = cu_seqlens(rows), None
+            for i in range(n):
+                k[int(cu_k[i]) + used[i]: int(cu_k[i + 1])] = float("nan")
+                v[int(cu_k[i]) + used[i]: int(cu_k[i + 1])] = float("nan")
+        else:
+            pages = math.ceil(max(used) / page)
+            num_pages = n * pages + 2
+            table = torch.randperm(num_pages, device="cuda", generator=g)[: n * pages].view(n, pages).to(torch.int32)
+            k = torch.full((num_pages, page, h_k, d), float("nan"), device="cuda", dtype=dtype)
+            v = torch.full_like(k, float("nan"))
+            for i in range(n):
+                rows_i = torch.arange(used[i], device="cuda")
+                where = (table[i].long()[rows_i // page], rows_i % page)
+                k[where], v[where] = rand(used[i], h_k, d), rand(used[i], h_k, d)
+            cu_k = cu_seqlens(used)
+        seqused = torch.tensor(used, dtype=torch.int32, device="cuda")
+
+        poison_free_memory()
+        out, lse, _ = flashattn.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(lengths_q), max(used),
+                                                       return_attn_probs=True, block_table=table,
+                                                       seqused_k=seqused, family=fam, **opts)
+        kw = {key: val for key, val in opts.items() if key != "dropout_p"}
+        if kw["softmax_scale"] is None:
+            kw["softmax_scale"] = 1.0 / math.sqrt(d)
+        ref = reference.varlen_cache_attention(q.float(), k.float(), v.float(), cu_q, cu_k, seqused, table, **kw)
+        low = reference.varlen_cache_attention(q, k, v, cu_q, cu_k, seqused, table, upcast=False, **kw)
+        assert_standard("out", out, ref[0], low[0], FWD_FACTOR)
+        assert_lse(lse, ref[1], low[1].float())
 
     run()
