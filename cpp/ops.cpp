@@ -375,7 +375,10 @@ int prepare_fwd(const Tensor& q, const Tensor& k, const Tensor& v, const Options
     const int64_t total_q = q.size(0), total_k = k.size(0);
     FA_CHECK(s_q >= 0 && s_k >= 0 && s_q < (int64_t(1) << 31) && s_k < (int64_t(1) << 31),
              "max_seqlen_q = ", s_q, " and max_seqlen_k = ", s_k, " must be in [0, 2^31)");
-    FA_CHECK(total_q <= b * s_q && total_k <= b * s_k, "max_seqlen_q = ", s_q, " / max_seqlen_k = ", s_k,
+    // With seqused_k a sequence's rows of k may outnumber the keys it uses.
+    const bool rows_are_keys = cache == nullptr || cache->seqused_k == nullptr;
+    FA_CHECK(total_q <= b * s_q && (!rows_are_keys || total_k <= b * s_k), "max_seqlen_q = ", s_q,
+             " / max_seqlen_k = ", s_k,
              " is smaller than the longest sequence: ", b, " sequences hold ", total_q, " query and ", total_k,
              " key tokens; pass the longest sequence's length (e.g. int(lengths.max()))");
     FA_CHECK(total_q < (int64_t(1) << 31) && total_k < (int64_t(1) << 31), "total_q = ", total_q,

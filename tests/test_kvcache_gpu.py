@@ -424,7 +424,8 @@ def test_varlen_over_a_cache(family, dtype, page):
     cu_q = F.pad(torch.tensor(lengths_q, device="cuda").cumsum(0, dtype=torch.int32), (1, 0))
     seqused = torch.tensor(used, dtype=torch.int32, device="cuda")
     if page is None:
-        rows = [u + 5 for u in used]  # cu_seqlens_k spans more rows than are used
+        # cu_seqlens_k spans more rows than are used: more than batch * max(used) in all
+        rows = [u + 300 for u in used]
         k = torch.randn(sum(rows), h_k, d, generator=g, device="cuda", dtype=dtype)
         v = torch.randn_like(k)
         cu_k = F.pad(torch.tensor(rows, device="cuda").cumsum(0, dtype=torch.int32), (1, 0))
