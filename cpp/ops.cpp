@@ -889,7 +889,7 @@ std::tuple<Tensor, Tensor> fwd_kvcache(Tensor q, Tensor k_cache, Tensor v_cache,
     FA_CHECK(!a.q_positions_per_row || cache_seqlen < 0 || cache_seqlen + s_q <= cos.size(0),
              "under a causal or local mask q's rows are rotated at cache_seqlens + row, up to ",
              cache_seqlen + s_q - 1, ", but rotary_cos/rotary_sin have ", cos.size(0),
-             " positions; pass more rows (one per position) or fewer query rows");
+             " positions; pass a row per position (or fewer query rows)");
     a.rotary_cos = cos.data_ptr();
     a.rotary_sin = sin.data_ptr();
     a.rotary_dim = static_cast<int>(rotary_dim);

@@ -454,6 +454,8 @@ def check_kvcache(
         if rotary_cos.shape[0] < capacity:
             _fail(f"rotary_cos/rotary_sin have {rotary_cos.shape[0]} positions but the cache holds {capacity};"
                   " pass one row per cache position")
+        if (causal or window_left >= 0 or window_right >= 0) and cache_seqlens is None and cache_seqlen >= 0:
+            check_rotary_positions(cache_seqlen, q.shape[1], rotary_cos.shape[0])
     if alibi_slopes is not None:
         _check_alibi(alibi_slopes, b, h, q.device)
     _check_scalars(0.0, window_left, window_right, softcap)
@@ -461,6 +463,16 @@ def check_kvcache(
         _fail(f"num_splits must be an int >= 0 (0: automatic), got {num_splits!r}")
     if family:
         _check_family(family, q)
+
+
+def check_rotary_positions(first: int, s_q: int, positions: int) -> None:
+    """Under a causal or local mask q's row i is rotated at position first + i
+    (cache_seqlens + i): rotary_cos/rotary_sin must hold those `positions`."""
+    if first + s_q > positions:
+        _fail(
+            f"under a causal or local mask q's rows are rotated at cache_seqlens + row, up to {first + s_q - 1},"
+            f" but rotary_cos/rotary_sin have {positions} positions — pass a row per position (or fewer query rows)"
+        )
 
 
 def check_varlen_bwd(

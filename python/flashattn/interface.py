@@ -15,6 +15,7 @@ from ._checks import (
     check_kvcache,
     check_packed,
     check_packed_varlen,
+    check_rotary_positions,
     check_varlen,
     check_varlen_cache,
     check_window_size,
@@ -780,7 +781,7 @@ def flash_attn_with_kvcache(
             _dispatch.parse_family(family)
         family = 0
     if causal or window_left >= 0 or window_right >= 0:
-        _check_rotary_covers_queries(q, k, rotary_cos, cache_seqlens, cache_seqlen)
+        _check_rotary_covers_queries(q, k, rotary_cos, cache_seqlens)
     args = (
         q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_seqlen, cache_batch_idx,
         cache_leftpad, block_table, alibi_slopes, float(softmax_scale), bool(causal), window_left, window_right,
@@ -821,35 +822,23 @@ def _check_pages_hold_keys(k_cache, k, cache_seqlens, block_table):
         )
 
 
-def _check_rotary_covers_queries(q, k, rotary_cos, cache_seqlens, cache_seqlen):
+def _check_rotary_covers_queries(q, k, rotary_cos, cache_seqlens):
     """Under a causal or local mask q's row i is rotated at cache_seqlens[b] + i: that
-    rotary_cos has those positions. Where q has no more rows than the new keys, the
-    cache's own check covers them; else a tensor cache_seqlens is read back (one
-    sync, in that case only, and not while a CUDA graph is captured or torch.compile
-    traces; the kernel then leaves rows past the tables unrotated)."""
+    rotary_cos has those positions, for a tensor cache_seqlens (the ops check an int
+    one). Where q has no more rows than the new keys, the cache's own check covers
+    them; else cache_seqlens is read back (one sync, in that case only, and not while
+    a CUDA graph is captured or torch.compile traces: the kernel then leaves rows
+    past the tables unrotated)."""
     if not (isinstance(rotary_cos, torch.Tensor) and rotary_cos.dim() == 2 and isinstance(q, torch.Tensor)
-            and q.dim() == 4):
-        return  # no rotary, or inputs the op names
+            and q.dim() == 4 and isinstance(k, torch.Tensor) and k.dim() == 4
+            and isinstance(cache_seqlens, torch.Tensor) and cache_seqlens.numel()):
+        return  # no rotary, an int cache_seqlens, or inputs the op names
     s_q = q.shape[1]
-    s_new = k.shape[1] if isinstance(k, torch.Tensor) and k.dim() == 4 else 0
-    if s_q <= s_new:
+    if s_q <= k.shape[1] or torch.compiler.is_compiling() or (
+        cache_seqlens.is_cuda and torch.cuda.is_current_stream_capturing()
+    ):
         return
-    if isinstance(cache_seqlens, torch.Tensor):
-        if not cache_seqlens.numel() or torch.compiler.is_compiling() or (
-            cache_seqlens.is_cuda and torch.cuda.is_current_stream_capturing()
-        ):
-            return
-        first = int(cache_seqlens.max())
-    elif cache_seqlen >= 0:
-        first = cache_seqlen
-    else:
-        return
-    if first + s_q > rotary_cos.shape[0]:
-        fail(
-            f"under a causal or local mask q's rows are rotated at cache_seqlens + row, up to {first + s_q - 1},"
-            f" but rotary_cos/rotary_sin have {rotary_cos.shape[0]} positions — pass a row per position"
-            " (or fewer query rows)"
-        )
+    check_rotary_positions(int(cache_seqlens.max()), s_q, rotary_cos.shape[0])
 
 
 def _same_head_dim(head_dim, *tensors):
