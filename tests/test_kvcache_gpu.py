@@ -306,9 +306,9 @@ def test_rotary_wider_than_an_unpadded_head_dim():
 def test_rotary_positions_past_the_tables(family, dtype):
     # Causal, 6 q rows and 2 new keys at cache_seqlens 9 of a 12-row cache: q's rows
     # are rotated at 9..14, past the tables' 12 rows. The public function refuses it
-    # (one sync, tensor cache_seqlens); the op, as inside a CUDA graph, does not check
-    # and must leave rows 12.. unrotated rather than read past the tables, which here
-    # end where NaN rows begin.
+    # (a tensor cache_seqlens by one sync, an int by the op); the op with a tensor, as
+    # inside a CUDA graph, does not check and must leave rows 12.. unrotated rather
+    # than read past the tables, which here end where NaN rows begin.
     fam = require(family, dtype, 64)
     g = torch.Generator("cuda").manual_seed(3)
     rand = lambda *shape: torch.randn(*shape, generator=g, device="cuda", dtype=dtype)
@@ -317,9 +317,10 @@ def test_rotary_positions_past_the_tables(family, dtype):
     cos, sin = (t.repeat(2, 1) for t in rotary_tables(12, 32, dtype))
     cos[12:], sin[12:] = float("nan"), float("nan")
     cos, sin = cos[:12], sin[:12]
-    with pytest.raises(flashattn.FlashAttnError, match="up to 14, but rotary_cos/rotary_sin have 12 positions"):
-        flashattn.flash_attn_with_kvcache(q, k_cache.clone(), v_cache.clone(), k, v, rotary_cos=cos, rotary_sin=sin,
-                                          cache_seqlens=seqlens, causal=True, family=fam)
+    for given in (seqlens, 9):  # an int is checked by the op
+        with pytest.raises(RuntimeError, match="up to 14, but rotary_cos/rotary_sin have 12 positions"):
+            flashattn.flash_attn_with_kvcache(q, k_cache.clone(), v_cache.clone(), k, v, rotary_cos=cos,
+                                              rotary_sin=sin, cache_seqlens=given, causal=True, family=fam)
     kc, vc = k_cache.clone(), v_cache.clone()
     out, lse = call_kernel(torch.ops.flashattn.fwd_kvcache, q, kc, vc, k, v, cos, sin, seqlens, -1, None, None, None,
                            None, 0.125, True, -1, -1, 0.0, True, 0, fam)
