@@ -402,6 +402,43 @@ def test_torch_compile_fullgraph_with_dropout():
         torch.testing.assert_close(a, b, rtol=2e-2, atol=2e-2)
 
 
+@pytest.mark.parametrize("family, dtype", FAMILY_DTYPES)
+@pytest.mark.parametrize("reentrant", [False, True], ids=["non-reentrant", "reentrant"])
+@pytest.mark.parametrize("varlen", [False, True], ids=["dense", "varlen"])
+def test_activation_checkpointing_recomputes_the_same_mask(family, dtype, reentrant, varlen):
+    # torch.utils.checkpoint (a model's gradient_checkpointing) runs the forward again
+    # in the backward, with the RNG state restored: the recomputed dropout mask must be
+    # the first one, so the gradients equal those without checkpointing, bit for bit.
+    from torch.utils.checkpoint import checkpoint
+
+    require(family, dtype, 64)
+    g = torch.Generator("cuda").manual_seed(15)
+    lengths = [77, 0, 200, 1]
+    cu = cu_seqlens(lengths)
+    shape = (sum(lengths), 4, 64) if varlen else (2, 150, 4, 64)
+    q, k, v, dout = (torch.randn(*shape, generator=g, device="cuda", dtype=dtype) for _ in range(4))
+
+    def attention(q, k, v):
+        if varlen:
+            return flashattn.flash_attn_varlen_func(q, k, v, cu, cu, max(lengths), max(lengths), 0.25, causal=True,
+                                                    deterministic=True, family=family)
+        return flashattn.flash_attn_func(q, k, v, 0.25, causal=True, deterministic=True, family=family)
+
+    def grads(checkpointed):
+        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+        torch.manual_seed(21)
+        if checkpointed:
+            out = checkpoint(attention, *leaves, use_reentrant=reentrant)
+        else:
+            out = attention(*leaves)
+        out.backward(dout)  # not autograd.grad: the reentrant form takes .backward only
+        return [out.detach(), *(t.grad for t in leaves)]
+
+    plain = call_kernel(grads, False)
+    for name, got, want in zip(("out", "dq", "dk", "dv"), grads(True), plain):
+        assert torch.equal(got, want), f"{name} differs under activation checkpointing"
+
+
 # ---- end to end: training with dropout beside SDPA with dropout
 
 

@@ -548,3 +548,46 @@ def test_kvcache_errors_on_the_gpu(bad, match):
         kwargs["block_table"] = torch.zeros(2, 4, dtype=torch.int32, device="cuda")
     with pytest.raises(RuntimeError, match=match):
         flashattn.flash_attn_with_kvcache(q, k_cache, v_cache, **kwargs)
+
+
+@pytest.mark.parametrize("inference_tensors", [False, True], ids=["normal-tensors", "inference-tensors"])
+def test_inference_mode(inference_tensors):
+    # Serving code runs under torch.inference_mode(): every forward must run there and
+    # give what it gives under no_grad, and the KV cache's in-place append must land,
+    # in normal tensors and in inference tensors (made under inference_mode, outside
+    # autograd's version counting).
+    dtype = torch.bfloat16 if torch.cuda.get_device_capability()[0] >= 8 else torch.float16
+    require(_device_family(), dtype, 64)
+    g = torch.Generator("cuda").manual_seed(31)
+    rand = lambda *shape: torch.randn(*shape, generator=g, device="cuda", dtype=dtype)
+    q, k, v, q_packed = rand(2, 70, 8, 64), rand(2, 90, 2, 64), rand(2, 90, 2, 64), rand(90, 8, 64)
+    cu = torch.tensor([0, 30, 90], dtype=torch.int32, device="cuda")
+    k_cache, v_cache = rand(2, 128, 2, 64), rand(2, 128, 2, 64)
+    k_new, v_new = rand(2, 3, 2, 64), rand(2, 3, 2, 64)
+    seqlens = torch.tensor([5, 100], dtype=torch.int32, device="cuda")
+    block_table = torch.tensor([[1, 0], [3, 2]], dtype=torch.int32, device="cuda")
+
+    def caches():  # contiguous, and as pages of 64 rows in another order
+        return [k_cache.clone(), v_cache.clone()] + [c.reshape(4, 64, 2, 64)[[1, 0, 3, 2]].clone()
+                                                     for c in (k_cache, v_cache)]
+
+    def calls(kc, vc, kp, vp):
+        return [
+            flashattn.flash_attn_func(q, k, v, causal=True),
+            flashattn.flash_attn_varlen_func(q_packed, k[0], v[0], cu, cu, 60, 60, window_size=(7, 3)),
+            flashattn.flash_attn_with_kvcache(q[:, :3], kc, vc, k_new, v_new, cache_seqlens=seqlens, causal=True),
+            flashattn.flash_attn_with_kvcache(q[:, :1], kp, vp, k_new, v_new, cache_seqlens=seqlens,
+                                              block_table=block_table),
+        ]
+
+    with torch.no_grad():
+        want_caches = caches()
+        want = call_kernel(calls, *want_caches)
+    got_caches = None if inference_tensors else caches()
+    with torch.inference_mode():
+        if inference_tensors:
+            got_caches = caches()
+        got = calls(*got_caches)
+    assert all(c.is_inference() == inference_tensors for c in got_caches)
+    for i, (a, b) in enumerate(zip(got + got_caches, want + want_caches)):
+        assert torch.equal(a, b), f"result {i} differs under inference_mode"
