@@ -1,4 +1,6 @@
-"""Two forward+backward calls of one shape, for a profiler (ncu, nsys) to capture.
+"""Two forward+backward calls of one shape, for a profiler (ncu, nsys) to capture
+(--fwd-only: forwards; --impl cudnn / fa2: PyTorch SDPA's backend instead, (b, h, s, d)
+memory, to profile beside ours).
 
     ncu --clock-control none -k regex:"bwd_ws_kernel|bwd_kernel|fwd_ws_kernel|fwd_kernel" -c 3 \
         --section SpeedOfLight --section ComputeWorkloadAnalysis --section WarpStateStats \
@@ -22,6 +24,8 @@ def main():
     p.add_argument("--causal", action="store_true")
     p.add_argument("--family", default=None, help="force a kernel family (sm70, sm75, sm80, sm90)")
     p.add_argument("--dropout", type=float, default=0.0, help="attention dropout probability (default 0)")
+    p.add_argument("--fwd-only", action="store_true", help="forward calls only")
+    p.add_argument("--impl", choices=["flashattn", "cudnn", "fa2"], default="flashattn")
     a = p.parse_args()
     dtype = torch.bfloat16 if a.dtype == "bf16" else torch.float16
     g = torch.Generator("cuda").manual_seed(0)
@@ -29,9 +33,21 @@ def main():
                    for _ in range(4))
     for t in (q, k, v):
         t.requires_grad_(True)
+    if a.impl != "flashattn":
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        backend = SDPBackend.CUDNN_ATTENTION if a.impl == "cudnn" else SDPBackend.FLASH_ATTENTION
+        q, k, v, do = (t.detach().transpose(1, 2).contiguous().requires_grad_(t.requires_grad) for t in (q, k, v, do))
     for _ in range(2):
-        out = flashattn.flash_attn_func(q, k, v, a.dropout, causal=a.causal, family=a.family)
-        out.backward(do)
+        with torch.set_grad_enabled(not a.fwd_only):
+            if a.impl == "flashattn":
+                out = flashattn.flash_attn_func(q, k, v, a.dropout, causal=a.causal, family=a.family)
+            else:
+                with sdpa_kernel([backend]):
+                    out = torch.nn.functional.scaled_dot_product_attention(q, k, v, dropout_p=a.dropout,
+                                                                           is_causal=a.causal)
+        if not a.fwd_only:
+            out.backward(do)
     torch.cuda.synchronize()
 
 

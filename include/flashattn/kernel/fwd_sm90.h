@@ -414,7 +414,12 @@ __global__ void __launch_bounds__(Traits::kCtaThreads, 1)
           }
           if (alibi_slope != 0.f) mask.add_alibi(acc_s, tScS, tScS0, m0, n0, alibi_slope);
         }
-        if (mask.tile_needs_mask(m0, kBlockM, n0, kBlockN)) mask.apply(acc_s, tScS, tScS0, m0, n0);
+        // With three warpgroups, whether this one's 64 rows need the mask, not the
+        // whole tile's: a 192-row tile's diagonal crosses two or three key blocks, a
+        // warpgroup's one. (With two, both halves of a 128-row tile mostly need it.)
+        const bool needs_mask = kWarpgroupKeyRanges ? mask.tile_needs_mask(m0 + 64 * (tidx / 128), 64, n0, kBlockN)
+                                                    : mask.tile_needs_mask(m0, kBlockM, n0, kBlockN);
+        if (needs_mask) mask.apply(acc_s, tScS, tScS0, m0, n0);
         softmax.exponentiate(acc_s_rc, params.score_scale_log2, correction);
         if constexpr (kDropoutWordsAhead) dropout.make_words(tScS_rc, tScS0_rc, m0, n0, drop_words);
       };

@@ -111,11 +111,30 @@ struct AttentionMask {
     const int64_t diag = int64_t(row_base) + diag_offset - col_base;
     const int hi = window_right >= 0 ? clamp(diag + window_right) : kUnbounded;
     const int lo = window_left >= 0 ? clamp(diag - window_left) : -kUnbounded;
+    // The common blocks test one bound per element, not three (a compare and a
+    // select instead of three compares and a select): a causal or right-window
+    // block whose keys all exist for this thread, and the sequence's last block
+    // without a window.
+    int last_col = 0;  // of thread 0's pattern: a compile-time constant
     CUTE_UNROLL
-    for (int i = 0; i < cute::size(scores); ++i) {
-      const int r = int(cute::get<0>(coords0(i)));
-      const int c = int(cute::get<1>(coords0(i)));
-      if (c >= cols_end || c - r > hi || c - r < lo) scores(i) = -INFINITY;
+    for (int i = 0; i < cute::size(scores); ++i) last_col = max(last_col, int(cute::get<1>(coords0(i))));
+    if (window_left < 0 && last_col < cols_end) {
+      CUTE_UNROLL
+      for (int i = 0; i < cute::size(scores); ++i) {
+        if (int(cute::get<1>(coords0(i))) - int(cute::get<0>(coords0(i))) > hi) scores(i) = -INFINITY;
+      }
+    } else if (window_left < 0 && window_right < 0) {
+      CUTE_UNROLL
+      for (int i = 0; i < cute::size(scores); ++i) {
+        if (int(cute::get<1>(coords0(i))) >= cols_end) scores(i) = -INFINITY;
+      }
+    } else {
+      CUTE_UNROLL
+      for (int i = 0; i < cute::size(scores); ++i) {
+        const int r = int(cute::get<0>(coords0(i)));
+        const int c = int(cute::get<1>(coords0(i)));
+        if (c >= cols_end || c - r > hi || c - r < lo) scores(i) = -INFINITY;
+      }
     }
   }
 };
