@@ -110,9 +110,13 @@ __global__ void __launch_bounds__(Traits::kCtaThreads, 1)
   // issue their products, so that one's stretch between a P V's wait and its next
   // issue (P's conversion and its dropout) runs under the other's products rather
   // than beside the other's stretch. Forward with dropout, H100: d64 +3% (every
-  // length and mask), d128 0, d256 -4%; without dropout 0.94 (docs/perf-notes.md).
+  // length and mask), d128 0, d256 -4%. Without dropout 0.99 (d128 -2%, d256 ±1%;
+  // H100, docs/perf-notes.md); -DFLASHATTN_SM90_PINGPONG turns them on in every
+  // two-warpgroup kernel, to compare.
 #if defined(FLASHATTN_SM90_NO_DROPOUT_PINGPONG)
   constexpr bool kPingpong = false;
+#elif defined(FLASHATTN_SM90_PINGPONG)  // every two-warpgroup kernel, to compare
+  constexpr bool kPingpong = Traits::kConsumerWarpgroups == 2 && Traits::kOverlapSoftmax;
 #else
   constexpr bool kPingpong =
       kDropout && Traits::kConsumerWarpgroups == 2 && Traits::kOverlapSoftmax && Traits::kHeadDim <= 64;
