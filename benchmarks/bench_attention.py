@@ -179,6 +179,10 @@ def build_parser():
     p.add_argument("--dropout", type=float, default=0.0,
                    help="attention dropout probability for every implementation (the "
                         "output check is skipped: the masks differ)")
+    p.add_argument("--layout", choices=("native", "bshd", "bhsd"), default="native",
+                   help="memory order of q, k, v (and dout): native gives flashattn (b, s, h, d) and "
+                        "SDPA (b, h, s, d), each contiguous; bshd / bhsd give every implementation "
+                        "that order, as views")
     p.add_argument("--family", choices=("auto", *_family_names()), default="auto",
                    help="flashattn kernel family (auto: the device's); must be in the build")
     p.add_argument("--impls", type=_impl_list, default=list(IMPLS),
@@ -311,7 +315,9 @@ def collect_meta(torch, args, fa_mod, fa_info, fa_err):
         "gqa": args.gqa,
         "deterministic": args.deterministic,
         "dropout_p": args.dropout,
-        "layouts": {"flashattn": "(b, s, h, d) contiguous", "sdpa": "(b, h, s, d) contiguous"},
+        "layouts": ({"flashattn": "(b, s, h, d) contiguous", "sdpa": "(b, h, s, d) contiguous"}
+                    if args.layout == "native" else
+                    {"all": f"{'(b, s, h, d)' if args.layout == 'bshd' else '(b, h, s, d)'} contiguous, as views"}),
         "peak_mem": "max_memory_allocated over one call (fwd, or fwd+bwd) minus what was "
                     "allocated before the implementation's inputs were made: inputs, grads, "
                     "outputs and workspace",
@@ -343,23 +349,37 @@ def _context_alive(torch):
         return False
 
 
-def make_runner(torch, impl, base, mode, causal, family, gqa=1, deterministic=False, dropout_p=0.0):
-    """Inputs in the implementation's native layout, and the callable to time.
+def make_runner(torch, impl, base, mode, causal, family, gqa=1, deterministic=False, dropout_p=0.0,
+                layout="native"):
+    """Inputs in the implementation's native layout (or `layout`'s memory order,
+    passed as views), and the callable to time.
 
     base: dict of (b, s, h, d) tensors q, k, v, g made once per shape.
     Returns (fn, leaves, to_bhsd) where to_bhsd maps the output to (b, h, s, d).
     """
     bwd = mode == "fwd_bwd"
+    memory = layout if layout != "native" else ("bshd" if impl == "flashattn" else "bhsd")
+
+    def leaf(name):  # base[name] in `memory`'s order, contiguous
+        t = base[name].clone() if memory == "bshd" else base[name].transpose(1, 2).contiguous()
+        return t.requires_grad_(bwd) if name != "g" else t
+
+    def as_bshd(t):
+        return t if memory == "bshd" else t.transpose(1, 2)
+
+    def as_bhsd(t):
+        return t if memory == "bhsd" else t.transpose(1, 2)
+
     if impl == "flashattn":
         import flashattn
-        q, k, v = (base[n].clone().requires_grad_(bwd) for n in "qkv")
-        g = base["g"].clone() if bwd else None
+        lq, lk, lv = (leaf(n) for n in "qkv")
+        g = as_bshd(leaf("g")) if bwd else None
         kwargs = {"causal": causal, "deterministic": deterministic, "dropout_p": dropout_p}
         if family != "auto":
             kwargs["family"] = family
 
         def fwd():
-            out = flashattn.flash_attn_func(q, k, v, **kwargs)
+            out = flashattn.flash_attn_func(as_bshd(lq), as_bshd(lk), as_bshd(lv), **kwargs)
             return out[0] if isinstance(out, tuple) else out
 
         def to_bhsd(o):
@@ -368,8 +388,9 @@ def make_runner(torch, impl, base, mode, causal, family, gqa=1, deterministic=Fa
         import torch.nn.functional as F
         from torch.nn.attention import SDPBackend, sdpa_kernel
         backend = getattr(SDPBackend, SDPA_BACKEND_NAMES[impl])
-        q, k, v = (base[n].transpose(1, 2).contiguous().requires_grad_(bwd) for n in "qkv")
-        g = base["g"].transpose(1, 2).contiguous() if bwd else None
+        lq, lk, lv = (leaf(n) for n in "qkv")
+        q, k, v = (as_bhsd(t) for t in (lq, lk, lv))
+        g = as_bhsd(leaf("g")) if bwd else None
 
         # SDPA's is_causal is top-left aligned; bottom-right needs its causal bias.
         lower_right = causal and q.shape[2] != k.shape[2]
@@ -395,11 +416,11 @@ def make_runner(torch, impl, base, mode, causal, family, gqa=1, deterministic=Fa
         out.backward(g)
         return out
 
-    return fwd_bwd, [q, k, v], to_bhsd
+    return fwd_bwd, [lq, lk, lv], to_bhsd
 
 
 def bench_one(torch, do_bench, impl, base, mode, causal, family, flops, gqa=1,
-              deterministic=False, dropout_p=0.0):
+              deterministic=False, dropout_p=0.0, layout="native"):
     """Returns (result dict, forward output in (b, h, s, d) or None)."""
     res = {"tflops": None, "ms": None, "peak_mem_bytes": None, "error": None}
     out_ref = None
@@ -409,7 +430,7 @@ def bench_one(torch, do_bench, impl, base, mode, causal, family, flops, gqa=1,
         before = torch.cuda.memory_allocated()
         torch.cuda.reset_peak_memory_stats()
         fn, leaves, to_bhsd = make_runner(torch, impl, base, mode, causal, family, gqa,
-                                          deterministic, dropout_p)
+                                          deterministic, dropout_p, layout)
         # First call: surfaces "unsupported" errors and warms up (a backend's first
         # call may allocate one-time state); the second measures peak memory.
         out = fn()
@@ -718,7 +739,7 @@ def run_config(torch, do_bench, args, run_order, mode, causal, dname, dtype, hdi
                                     "error": f"not importable: {fa_err}"}
             continue
         res, out = bench_one(torch, do_bench, impl, base, mode, causal, args.family, flops,
-                             gqa, args.deterministic, args.dropout)
+                             gqa, args.deterministic, args.dropout, args.layout)
         row["results"][impl] = res
         if out is None:
             continue
