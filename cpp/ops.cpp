@@ -11,6 +11,7 @@
 #include <torch/csrc/stable/tensor.h>
 #include <torch/headeronly/core/ScalarType.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -591,8 +592,10 @@ void set_lse(FwdParams& p, const Tensor& lse) {
 // which made each of a forward + backward's seven allocations cost about 20 us of
 // host time under the profiler (3x SDPA's; H100 machine, torch 2.11). If the
 // direct call fails (out of memory), the dispatcher's call raises torch's own error.
-Tensor new_tensor(const Tensor& like, torch::headeronly::IntHeaderOnlyArrayRef sizes, ScalarType dtype) {
-  constexpr size_t kMaxDims = 8;
+// `dense_strides`: the new tensor's strides instead (a dense layout; same rank).
+constexpr size_t kMaxDims = 8;
+Tensor new_tensor(const Tensor& like, torch::headeronly::IntHeaderOnlyArrayRef sizes, ScalarType dtype,
+                  const int64_t* dense_strides = nullptr) {
   int64_t strides[kMaxDims];
   const size_t ndim = sizes.size();
   int32_t device_type = 0, device_index = 0;
@@ -600,7 +603,7 @@ Tensor new_tensor(const Tensor& like, torch::headeronly::IntHeaderOnlyArrayRef s
   if (ndim <= kMaxDims) {
     int64_t step = 1;
     for (size_t i = ndim; i-- > 0;) {
-      strides[i] = step;
+      strides[i] = dense_strides != nullptr ? dense_strides[i] : step;
       step *= sizes[i];
     }
     if (aoti_torch_get_device_type(like.get(), &device_type) == AOTI_TORCH_SUCCESS &&
@@ -622,6 +625,33 @@ Tensor new_like(const Tensor& t) {
   std::vector<int64_t> sizes;
   for (int64_t i = 0; i < t.dim(); ++i) sizes.push_back(t.size(i));
   return new_tensor(t, sizes, t.scalar_type());
+}
+
+// The gradient of q, k or v: dense, with t's dims in t's order in memory (by
+// decreasing stride), as torch.empty_like makes it and flash_attn 2.x returns
+// it. A (b, h, s, d)-contiguous q passed as its (b, s, h, d) view (a rotary
+// embedding's output, transposed) then gets a gradient autograd need not copy
+// into the leaf's strides: contiguous gradients cost three strided copies per
+// backward there, a quarter of a d128 forward + backward at 1k tokens (H100).
+// Contiguous where the last dim would not be innermost.
+Tensor new_grad_like(const Tensor& t) {
+  const int64_t ndim = t.dim();
+  if (ndim > int64_t(kMaxDims)) return new_like(t);
+  int64_t order[kMaxDims], strides[kMaxDims];
+  std::vector<int64_t> sizes;
+  for (int64_t i = 0; i < ndim; ++i) {
+    order[i] = i;
+    sizes.push_back(t.size(i));
+  }
+  // Outermost first; ties (size-1 dims) keep their order.
+  std::stable_sort(order, order + ndim, [&](int64_t a, int64_t b) { return t.stride(a) > t.stride(b); });
+  if (ndim == 0 || order[ndim - 1] != ndim - 1) return new_like(t);
+  int64_t step = 1;
+  for (int64_t i = ndim; i-- > 0;) {
+    strides[order[i]] = step;
+    step *= sizes[order[i]];
+  }
+  return new_tensor(t, sizes, t.scalar_type(), strides);
 }
 
 void check_launch(const char* what) {
@@ -1050,7 +1080,7 @@ std::tuple<Tensor, Tensor, Tensor> bwd(Tensor dout, Tensor q, Tensor k, Tensor v
                   window_left,  window_right, softcap, family};
   check_rank(q, false);
   FA_CHECK(k.dim() == 4 && v.dim() == 4, "q, k, v must be 4-D (batch, seqlen, heads, head_dim)");
-  Tensor dq = new_like(q), dk = new_like(k), dv = new_like(v);
+  Tensor dq = new_grad_like(q), dk = new_grad_like(k), dv = new_grad_like(v);
   run_bwd(dout, q, k, v, out, softmax_lse, dq, dk, dv, o, deterministic);
   return std::make_tuple(dq, dk, dv);
 }
@@ -1080,7 +1110,7 @@ std::tuple<Tensor, Tensor, Tensor> varlen_bwd(Tensor dout, Tensor q, Tensor k, T
   check_rank(q, true);
   FA_CHECK(k.dim() == 3 && v.dim() == 3, "k, v must be 3-D (total_k, heads_k, head_dim)");
   const Varlen varlen{cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k};
-  Tensor dq = new_like(q), dk = new_like(k), dv = new_like(v);
+  Tensor dq = new_grad_like(q), dk = new_grad_like(k), dv = new_grad_like(v);
   run_bwd(dout, q, k, v, out, softmax_lse, dq, dk, dv, o, deterministic, &varlen);
   return std::make_tuple(dq, dk, dv);
 }

@@ -157,6 +157,41 @@ def test_packed_views_in_and_out(family, dtype, causal):
         assert_standard(name, ours, r, lp, BWD_FACTOR, BWD_EPS)
 
 
+@pytest.mark.parametrize("family, dtype", FAMILY_DTYPES)
+def test_gradients_come_back_in_the_inputs_layout(family, dtype):
+    # q, k, v as (b, s, h, d) views of (b, h, s, d)-contiguous tensors (what a rotary
+    # embedding's output is, transposed back): bwd returns dq, dk, dv in that memory
+    # order, as torch.empty_like and flash_attn 2.x do, so that autograd need not copy
+    # them into a leaf's strides; contiguous inputs keep contiguous gradients. Values
+    # to the standard.
+    d = 64
+    fam = require(family, dtype, d)
+    g = torch.Generator("cuda").manual_seed(3)
+    leaves = [torch.randn(2, HEADS, 200, d, generator=g, device="cuda", dtype=dtype) for _ in range(3)]
+    q, k, v = (t.transpose(1, 2) for t in leaves)
+    dout = torch.randn(2, 200, HEADS, d, generator=g, device="cuda", dtype=dtype)
+    scale = d**-0.5
+    args = (None, None, 0.0, scale, True, -1, -1, 0.0)
+    out, lse = call_kernel(OPS.fwd, q, k, v, *args, fam)
+    grads = call_kernel(OPS.bwd, dout, q, k, v, out, lse, *args, False, fam)
+    kwargs = {"softmax_scale": scale, "causal": True}
+    ref = reference_grads(dout, q, k, v, upcast=True, **kwargs)
+    lowp = reference_grads(dout, q, k, v, upcast=False, **kwargs)
+    for name, ours, like, r, lp in zip(("dq", "dk", "dv"), grads, (q, k, v), ref, lowp):
+        assert ours.stride() == like.stride(), f"{name} strides {ours.stride()}, input {like.stride()}"
+        assert_standard(name, ours, r, lp, BWD_FACTOR, BWD_EPS)
+    contiguous = [t.contiguous() for t in (q, k, v)]
+    out, lse = call_kernel(OPS.fwd, *contiguous, *args, fam)
+    for ours in call_kernel(OPS.bwd, dout, *contiguous, out, lse, *args, False, fam):
+        assert ours.is_contiguous()
+    # Through the public API's autograd, into the leaves.
+    leaves = [t.clone().requires_grad_(True) for t in leaves]
+    flashattn.flash_attn_func(*(t.transpose(1, 2) for t in leaves), causal=True, family=family).backward(dout)
+    for name, leaf, r, lp in zip(("dq", "dk", "dv"), leaves, ref, lowp):
+        assert leaf.grad.stride() == leaf.stride()
+        assert_standard(name, leaf.grad.transpose(1, 2), r, lp, BWD_FACTOR, BWD_EPS)
+
+
 def test_rows_that_see_no_key_get_zero_gradients():
     # s_q > s_k with causal: the first s_q - s_k rows see nothing (out 0, lse +inf).
     family = f"sm{_dispatch.resolve_family(torch.device('cuda'), torch.float16)}"
