@@ -172,8 +172,9 @@ def build_parser():
     p.add_argument("--causal", choices=("both", "true", "false"), default="both")
     p.add_argument("--gqa", type=int, default=1,
                    help="query heads per key/value head (h_k = heads // GQA); SDPA backends "
-                        "get K/V expanded with repeat_interleave inside the timed region "
-                        "(their gradients summed back by autograd), as a user would call them")
+                        "that take enable_gqa=True get it (as transformers calls them), the others "
+                        "K/V expanded with repeat_interleave inside the timed region (their "
+                        "gradients summed back by autograd)")
     p.add_argument("--deterministic", action="store_true",
                    help="flashattn's deterministic backward (SDPA backends are unaffected)")
     p.add_argument("--dropout", type=float, default=0.0,
@@ -398,12 +399,26 @@ def make_runner(torch, impl, base, mode, causal, family, gqa=1, deterministic=Fa
             from torch.nn.attention.bias import causal_lower_right
             mask = causal_lower_right(q.shape[2], k.shape[2])
 
-        def fwd():
-            kk, vv = (k, v) if gqa == 1 else (t.repeat_interleave(gqa, dim=1) for t in (k, v))
+        def sdpa(native_gqa):
+            kk, vv = (k, v) if gqa == 1 or native_gqa else (t.repeat_interleave(gqa, dim=1) for t in (k, v))
+            extra = {"enable_gqa": True} if gqa > 1 and native_gqa else {}
             with sdpa_kernel([backend]):
                 if lower_right:
-                    return F.scaled_dot_product_attention(q, kk, vv, attn_mask=mask, dropout_p=dropout_p)
-                return F.scaled_dot_product_attention(q, kk, vv, is_causal=causal, dropout_p=dropout_p)
+                    return F.scaled_dot_product_attention(q, kk, vv, attn_mask=mask, dropout_p=dropout_p, **extra)
+                return F.scaled_dot_product_attention(q, kk, vv, is_causal=causal, dropout_p=dropout_p, **extra)
+
+        # GQA: the backend's own (enable_gqa, as transformers calls SDPA) where it
+        # takes it, else K/V expanded in the timed region.
+        native_gqa = False
+        if gqa > 1:
+            try:
+                sdpa(True)
+                native_gqa = True
+            except RuntimeError:
+                pass
+
+        def fwd():
+            return sdpa(native_gqa)
 
         def to_bhsd(o):
             return o
