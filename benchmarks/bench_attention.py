@@ -415,7 +415,7 @@ def make_runner(torch, impl, base, mode, causal, family, gqa=1, deterministic=Fa
                 sdpa(True)
                 native_gqa = True
             except RuntimeError:
-                pass
+                print(f"  ({impl} takes no enable_gqa here: k/v expanded)")
 
         def fwd():
             return sdpa(native_gqa)
