@@ -102,6 +102,22 @@ def test_gqa(family, dtype, h_k, s_q, s_k, causal):
     run_case(family, dtype, 128, s_q, s_k, causal, h_k=h_k)
 
 
+@pytest.mark.parametrize("kv_layout", ["bshd", "bhsd"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("family, dtype", FAMILY_DTYPES)
+def test_gqa_group_shared_over_ctas(family, dtype, causal, kv_layout):
+    """A key-block grid of one wave (on any GPU of >= 24 SMs) whose CTAs would each run
+    the 8 query heads of the group: the host shares the heads out over several CTAs
+    per key block and adds their partial dk, dv (ops.cpp, choose_kv_head_splits), also
+    into dk, dv with k's and v's (b, h, s, d) memory order."""
+    fam = require(family, dtype, 128)
+    q, k, v = make_qkv(1, 1536, 1536, HEADS, 1, 128, dtype, seed=5)
+    if kv_layout == "bhsd":
+        k, v = (t.transpose(1, 2).contiguous().transpose(1, 2) for t in (k, v))
+    dk, dv = check_backward(q, k, v, fam, causal=causal)[1:]
+    assert dk.stride() == k.stride() and dv.stride() == v.stride()
+
+
 FEATURES = {
     "window": {"window": (64, 16)},
     "window_causal": {"window": (32, -1), "causal": True},

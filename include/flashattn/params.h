@@ -148,7 +148,11 @@ struct KvAppendParams {
 };
 
 // Backward problem: the forward's inputs plus dout/out/lse, producing dq/dk/dv.
-// dk/dv are (b, s_k, h_k, d): GQA groups are reduced inside the kernel.
+// dk/dv are (b, s_k, h_k, d): GQA groups are reduced inside the kernel, or, with
+// kv_head_splits = S > 1, by the host: a group's heads are then shared out over
+// S CTAs per key block, heads_k is S x the kv heads (CTA head_k reads K and V
+// of kv head head_k / S) and dk/dv point to (b, s_k, h_k, d) partial sums that
+// the host adds up.
 struct BwdParams : FwdParams {
   const void* __restrict__ dout = nullptr;
   void* __restrict__ dq = nullptr;
@@ -172,6 +176,7 @@ struct BwdParams : FwdParams {
   index_t dv_batch_stride = 0, dv_row_stride = 0, dv_head_stride = 0;
 
   bool deterministic = false;
+  int kv_head_splits = 1;
 };
 
 constexpr int kBwdSeqlenQRounding = 128;  // >= every backward kBlockM

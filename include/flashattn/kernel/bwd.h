@@ -371,6 +371,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const BwdPara
   if (n0 >= seq.seqlen_k) return;  // past the sequence's end: a spare slot of the varlen grid
   const int group = params.heads / params.heads_k;
   const int head0 = head_k * group;
+  const int kv_head = head_k / params.kv_head_splits;  // of K and V (params.h)
   const AttentionMask mask(params, seq);
   int m_begin, m_end;
   mask.query_block_range(n0, kBlockN, kBlockM, m_begin, m_end);
@@ -383,10 +384,10 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const BwdPara
   };
   // K, V of this block; Q, dO of (head0, query block 0): the loop offsets them.
   Tensor gK = gmem_tile(params.k, seq.k_offset(params.k_batch_stride, params.k_row_stride, batch) +
-                                      head_k * params.k_head_stride + n0 * params.k_row_stride,
+                                      kv_head * params.k_head_stride + n0 * params.k_row_stride,
                         params.k_row_stride, Int<kBlockN>{});  // (N, d)
   Tensor gV = gmem_tile(params.v, seq.k_offset(params.v_batch_stride, params.v_row_stride, batch) +
-                                      head_k * params.v_head_stride + n0 * params.v_row_stride,
+                                      kv_head * params.v_head_stride + n0 * params.v_row_stride,
                         params.v_row_stride, Int<kBlockN>{});  // (N, d)
   Tensor gQ = gmem_tile(params.q, seq.q_offset(params.q_batch_stride, params.q_row_stride, batch) +
                                       head0 * params.q_head_stride,

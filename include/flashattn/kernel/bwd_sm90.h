@@ -247,6 +247,7 @@ __global__ void __launch_bounds__(Traits::kCtaThreads, 1)
   if (n0 >= seq.seqlen_k) return;  // a spare slot of the varlen grid: the whole CTA leaves
   const int group = params.heads / params.heads_k;
   const int head0 = head_k * group;
+  const int kv_head = head_k / params.kv_head_splits;  // of K and V (params.h)
   const AttentionMask mask(params, seq);
   int m_begin, m_end;
   mask.query_block_range(n0, kBlockN, kBlockM, m_begin, m_end);
@@ -383,10 +384,10 @@ __global__ void __launch_bounds__(Traits::kCtaThreads, 1)
     CUTE_UNROLL
     for (int k = 0; k < size(tKpK); ++k) tKpK(k) = get<1>(tKcK(0, 0, k)) < params.head_dim;
     Tensor gK = gmem_tile(params.k, seq.k_offset(params.k_batch_stride, params.k_row_stride, batch) +
-                                        head_k * params.k_head_stride + n0 * params.k_row_stride,
+                                        kv_head * params.k_head_stride + n0 * params.k_row_stride,
                           params.k_row_stride, Int<kBlockN>{});
     Tensor gV = gmem_tile(params.v, seq.k_offset(params.v_batch_stride, params.v_row_stride, batch) +
-                                        head_k * params.v_head_stride + n0 * params.v_row_stride,
+                                        kv_head * params.v_head_stride + n0 * params.v_row_stride,
                           params.v_row_stride, Int<kBlockN>{});
     Tensor tKsK = thr.partition_D(sK);
     Tensor tVsV = thr.partition_D(sV);
