@@ -134,6 +134,14 @@ def test_varlen_long_key_blocks(family, dtype, causal):
                  backward=False)
 
 
+@pytest.mark.parametrize("family, dtype", FAMILY_DTYPES)
+def test_varlen_gqa_group_shared_over_ctas(family, dtype):
+    # 20 key blocks and 8 query heads per kv head over up to 1000 queries: the backward
+    # shares a group's heads out over several CTAs per key block and adds their partial
+    # dk, dv (ops.cpp, choose_kv_head_splits); deterministic, so also reproducible.
+    check_varlen(family, [1000, 3, 536], [1000, 700, 536], 128, dtype, causal=True, h_k=1, deterministic=True)
+
+
 FEATURES = {
     "window": {"window": (64, 16)},
     "window_causal": {"window": (32, -1), "causal": True},
