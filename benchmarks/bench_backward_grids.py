@@ -41,6 +41,13 @@ def main():
     p.add_argument("--shapes", help="comma list of indices into SHAPES (default: all)")
     p.add_argument("--no-cudnn", action="store_true", help="time flashattn only")
     a = p.parse_args()
+    if a.shapes is not None:
+        try:
+            picked = [int(i) for i in a.shapes.split(",")]
+        except ValueError:
+            p.error(f"--shapes takes comma-separated integers, got {a.shapes!r}")
+        if any(not 0 <= i < len(SHAPES) for i in picked):
+            p.error(f"--shapes indices must be in 0..{len(SHAPES) - 1} (the SHAPES list), got {a.shapes!r}")
 
     import torch
     import torch.nn.functional as F
@@ -48,7 +55,7 @@ def main():
 
     import flashattn
 
-    shapes = SHAPES if a.shapes is None else [SHAPES[int(i)] for i in a.shapes.split(",")]
+    shapes = SHAPES if a.shapes is None else [SHAPES[i] for i in picked]
     d = a.hdim
 
     def best_ms(fn, reps=30):
