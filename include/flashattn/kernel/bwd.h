@@ -58,23 +58,47 @@ __global__ void __launch_bounds__(BwdRows::kThreads) bwd_preprocess_kernel(const
                        seq.q_offset(p.dout_batch_stride, p.dout_row_stride, tile.batch) + tile.head * p.dout_head_stride;
   // Every row of the block's whole query tiles: past the sequence's end the dq
   // accumulator is zeroed too (the backward adds whole tiles into it) and D = 0.
-  for (int row = block * R::kBlock + threadIdx.x / R::kThreadsPerRow; row < (block + 1) * R::kBlock; row += R::kRows) {
-    float4* acc = reinterpret_cast<float4*>(p.dq_accum + (ws_row0 + row) * kHeadDim);
+  // A thread's rows go in groups whose loads of O and dO (8 16-byte vectors a
+  // thread) are all issued before the first is used.
+  using Vec = cutlass::Array<Element, 8>;
+  constexpr int kVecs = (kHeadDim / 8 + R::kThreadsPerRow - 1) / R::kThreadsPerRow;  // a row's vectors per thread
+  constexpr int kGroupRows = kVecs >= 4 ? 1 : 4 / kVecs;
+  constexpr int kRowsPerThread = R::kBlock / R::kRows;
+  static_assert(kRowsPerThread % kGroupRows == 0);
+  CUTE_UNROLL
+  for (int g = 0; g < kRowsPerThread; g += kGroupRows) {
+    Vec a[kGroupRows][kVecs], b[kGroupRows][kVecs];
     CUTE_UNROLL
-    for (int v = part; v < kHeadDim / 4; v += R::kThreadsPerRow) acc[v] = make_float4(0.f, 0.f, 0.f, 0.f);
-    float dot = 0.f;
-    if (row < seq.seqlen_q) {
-      using Vec = cutlass::Array<Element, 8>;
-      for (int c = part * 8; c < p.head_dim; c += 8 * R::kThreadsPerRow) {
-        const Vec a = *reinterpret_cast<const Vec*>(o + row * p.out_row_stride + c);
-        const Vec b = *reinterpret_cast<const Vec*>(d_o + row * p.dout_row_stride + c);
-        CUTE_UNROLL
-        for (int i = 0; i < 8; ++i) dot = fmaf(float(a[i]), float(b[i]), dot);
+    for (int r = 0; r < kGroupRows; ++r) {
+      const int row = block * R::kBlock + threadIdx.x / R::kThreadsPerRow + (g + r) * R::kRows;
+      CUTE_UNROLL
+      for (int v = 0; v < kVecs; ++v) {
+        const int c = (part + v * R::kThreadsPerRow) * 8;
+        if (row < seq.seqlen_q && c < p.head_dim) {
+          a[r][v] = *reinterpret_cast<const Vec*>(o + row * p.out_row_stride + c);
+          b[r][v] = *reinterpret_cast<const Vec*>(d_o + row * p.dout_row_stride + c);
+        } else {
+          a[r][v].clear();
+          b[r][v].clear();
+        }
       }
     }
-    dot = lane_allreduce<R::kThreadsPerRow - 1>(dot, [](float a, float b) { return a + b; });
-    // With dropout, D (1 - p): p_and_ds makes dS (1 - p).
-    if (part == 0) p.softmax_d[ws_row0 + row] = dot * (1.f - p.dropout_p);
+    CUTE_UNROLL
+    for (int r = 0; r < kGroupRows; ++r) {
+      const int row = block * R::kBlock + threadIdx.x / R::kThreadsPerRow + (g + r) * R::kRows;
+      float4* acc = reinterpret_cast<float4*>(p.dq_accum + (ws_row0 + row) * kHeadDim);
+      CUTE_UNROLL
+      for (int v = part; v < kHeadDim / 4; v += R::kThreadsPerRow) acc[v] = make_float4(0.f, 0.f, 0.f, 0.f);
+      float dot = 0.f;
+      CUTE_UNROLL
+      for (int v = 0; v < kVecs; ++v) {
+        CUTE_UNROLL
+        for (int i = 0; i < 8; ++i) dot = fmaf(float(a[r][v][i]), float(b[r][v][i]), dot);
+      }
+      dot = lane_allreduce<R::kThreadsPerRow - 1>(dot, [](float x, float y) { return x + y; });
+      // With dropout, D (1 - p): p_and_ds makes dS (1 - p).
+      if (part == 0) p.softmax_d[ws_row0 + row] = dot * (1.f - p.dropout_p);
+    }
   }
 }
 
