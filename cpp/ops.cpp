@@ -27,6 +27,7 @@
 #include "flashattn/params.h"
 #include "flashattn/launch/bwd_kv_splits.h"
 #include "flashattn/launch/kv_cache_launch.h"
+#include "flashattn/launch/query_tiles.h"
 #include "kernel_table.h"
 
 namespace flashattn {
@@ -747,11 +748,12 @@ std::optional<Tensor> zeroed_tile_counter(FwdParams& p, int family, const FwdKer
                                           cudaStream_t stream) {
   constexpr int64_t kTileRows = 128;
   const bool dropout = p.rng_state != nullptr;  // its kernels skip no rows
-  const bool lighter_last_tile =
-      !dropout && kernel.skipping_block_m > 0 && p.seqlen_q % kernel.skipping_block_m != 0;
+  // Nor do the 128-row tiles that replace them on short sequences.
+  const int skipping_rows = !dropout && !use_short_query_tiles(p) ? kernel.skipping_block_m : 0;
+  const bool lighter_last_tile = skipping_rows > 0 && p.seqlen_q % skipping_rows != 0;
   const bool varlen = p.cu_seqlens_q != nullptr;
   const bool uneven = (varlen || p.window_right >= 0 || lighter_last_tile) && !p.kv_cache;
-  const int64_t tile_rows = !dropout && kernel.skipping_block_m > 0 ? kernel.skipping_block_m : kTileRows;
+  const int64_t tile_rows = skipping_rows > 0 ? skipping_rows : kTileRows;
   // A varlen grid's tiles: QueryTileScheduler's slots (tile_scheduler.h), at most
   // one per sequence of them spare.
   const int64_t tiles_per_head =

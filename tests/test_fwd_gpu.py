@@ -223,6 +223,38 @@ def test_several_tiles_per_cta(family, dtype, d, s_q, s_k, mask):
     check_forward(q, k, v, fam, **mask)
 
 
+SHORT_QUERIES = {
+    # (s_q, s_k, options): the sm90 family runs head dims up to 64 in query tiles
+    # of 128 rows instead of 192 where that makes no more tiles per head (s_q <= 128
+    # or 193 to 256, launch/fwd_sm90.h); the ends of both ranges and the lengths
+    # just outside, with each mask and the score modifiers.
+    "s65": (65, 65, {}),
+    "s128_causal": (128, 300, {"causal": True}),
+    "s129": (129, 129, {}),
+    "s192_causal": (192, 192, {"causal": True}),
+    "s193": (193, 193, {}),
+    "s197_causal": (197, 197, {"causal": True}),
+    "s256_window": (256, 200, {"window": (50, 10)}),
+    "s257": (257, 257, {}),
+    "s200_softcap_alibi": (200, 230, {"softcap": 30.0, "alibi": True, "causal": True}),
+}
+
+
+@pytest.mark.parametrize("case", SHORT_QUERIES)
+@pytest.mark.parametrize("d", [32, 64])
+@pytest.mark.parametrize("family, dtype", FAMILY_DTYPES)
+def test_short_query_tiles(family, dtype, d, case):
+    # 96 (batch, head) pairs: above 128 rows two tiles each, more than the SMs of
+    # the GPUs we serve, so that a persistent grid's CTAs take several.
+    fam = require(family, dtype, d)
+    s_q, s_k, opts = SHORT_QUERIES[case]
+    opts = dict(opts)
+    if opts.pop("alibi", False):
+        opts["alibi"] = torch.rand(4, device="cuda") * 0.3
+    q, k, v = make_qkv(24, s_q, s_k, 4, 2, d, dtype, seed=31)
+    check_forward(q, k, v, fam, **opts)
+
+
 LONG_KEYS = {
     # (s_q, s_k, h_k, options): the sm90 family runs d > 192 in key blocks of 80
     # from 1024 keys, 2048 under a mask (launch/fwd_sm90.h); lengths that end

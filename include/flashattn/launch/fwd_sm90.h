@@ -12,6 +12,7 @@
 #include "flashattn/arch/sm90.h"
 #include "flashattn/kernel/fwd_sm90.h"
 #include "flashattn/launch/fwd_launch.h"
+#include "flashattn/launch/query_tiles.h"
 #include "flashattn/launch/tma_sm90.h"
 
 namespace flashattn {
@@ -29,6 +30,8 @@ struct Sm90FwdWsTile {
 };
 template <int kHeadDim>
 struct Sm90FwdWsLongTile : Sm90FwdWsTile<kHeadDim> {};
+template <int kHeadDim>
+struct Sm90FwdWsShortTile : Sm90FwdWsTile<kHeadDim> {};
 #else
 // Up to d64, three consumer warpgroups (192 rows): +2-7% forward over 128 rows
 // but for causal 1k tokens (-3%; H100, docs/perf-notes.md).
@@ -46,6 +49,12 @@ struct Sm90FwdWsTile : Sm90FwdWsDropoutTile<kHeadDim> {
 template <int kHeadDim>
 struct Sm90FwdWsLongTile : Sm90FwdWsTile<kHeadDim> {
   static constexpr int kN = kHeadDim > 192 ? 80 : Sm90FwdWsTile<kHeadDim>::kN;
+};
+// Up to d64, short sequences run two warpgroups (128 rows) where that makes no
+// more tiles per head (launch/query_tiles.h). Other buckets: one tile.
+template <int kHeadDim>
+struct Sm90FwdWsShortTile : Sm90FwdWsTile<kHeadDim> {
+  static constexpr int kM = 128;
 };
 #endif
 
@@ -113,6 +122,11 @@ struct Sm90Fwd {
   using WsLongTile = Sm90FwdWsLongTile<kHeadDim>;
   using WsLongTraits = Sm90FwdWsTraits<Element, kHeadDim, WsLongTile::kM, WsLongTile::kN>;
   static constexpr bool kHasLongTile = !std::is_same_v<WsLongTraits, WsTraits>;
+  using WsShortTile = Sm90FwdWsShortTile<kHeadDim>;
+  using WsShortTraits = Sm90FwdWsTraits<Element, kHeadDim, WsShortTile::kM, WsShortTile::kN>;
+  static constexpr bool kHasShortTile = !std::is_same_v<WsShortTraits, WsTraits>;
+  static_assert(!kHasShortTile || WsTraits::kSkipRowlessWarpgroups,
+                "the host (zeroed_tile_counter) takes the short tile to replace one that skips rows");
   // Rows per tile of the forward without dropout where its warpgroups skip rows
   // past the end (three warpgroups up to d64; the long tile is above d192).
   static constexpr int kSkippingBlockM = WsTraits::kSkipRowlessWarpgroups ? WsTraits::kBlockM : 0;
@@ -120,7 +134,8 @@ struct Sm90Fwd {
   using WsDropoutTraits = Sm90FwdWsTraits<Element, kHeadDim, WsDropoutTile::kM, WsDropoutTile::kN>;
   // The kernel table's shared memory: the largest of the forward kernels'.
   using SharedStorage = LargestType<FwdWsSharedStorage<WsTraits>, FwdWsSharedStorage<WsLongTraits>,
-                                    FwdWsSharedStorage<WsDropoutTraits>, KvSharedStorage<KvTraits, kKvStages>>;
+                                    FwdWsSharedStorage<WsShortTraits>, FwdWsSharedStorage<WsDropoutTraits>,
+                                    KvSharedStorage<KvTraits, kKvStages>>;
 
   // The forward (but the KV cache's) runs the warp-specialised kernel; with
   // dropout, in its own tile.
@@ -131,6 +146,8 @@ struct Sm90Fwd {
         launch_fwd_ws_variant<WsDropoutTraits, kScoreMods, true>(params, stream);
       } else if (kHasLongTile && use_long_key_blocks(params)) {
         launch_fwd_ws_variant<WsLongTraits, kScoreMods, false>(params, stream);
+      } else if (kHasShortTile && use_short_query_tiles(params)) {
+        launch_fwd_ws_variant<WsShortTraits, kScoreMods, false>(params, stream);
       } else {
         launch_fwd_ws_variant<WsTraits, kScoreMods, false>(params, stream);
       }
