@@ -226,7 +226,7 @@ def test_several_tiles_per_cta(family, dtype, d, s_q, s_k, mask):
 SHORT_QUERIES = {
     # (s_q, s_k, options): the sm90 family runs head dims up to 64 in query tiles
     # of 128 rows instead of 192 where that makes no more tiles per head (s_q <= 128
-    # or 193 to 256, launch/fwd_sm90.h); the ends of both ranges and the lengths
+    # or 193 to 256, launch/query_tiles.h); the ends of both ranges and the lengths
     # just outside, with each mask and the score modifiers.
     "s65": (65, 65, {}),
     "s128_causal": (128, 300, {"causal": True}),
