@@ -291,9 +291,10 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(const FwdPara
     // (kKvStages), in elements.
     auto product_qk = [&] {
       if constexpr (kUsesWgmma<Traits>) {
-        return [tiled_mma, thr_mma, sK, tSrQ = thr_mma.partition_fragment_A(sQ)](auto& acc_s,
-                                                                                int k_offset = 0) mutable {
-          Tensor tSrK = thr_mma.partition_fragment_B(make_tensor(sK.data() + k_offset, sK.layout()));
+        auto wg_mma = warpgroup_slice(tiled_mma, tidx);
+        return [tiled_mma, wg_mma, sK, tSrQ = wg_mma.partition_fragment_A(sQ)](auto& acc_s,
+                                                                              int k_offset = 0) mutable {
+          Tensor tSrK = wg_mma.partition_fragment_B(make_tensor(sK.data() + k_offset, sK.layout()));
           wgmma_gemm<true>(tiled_mma, tSrQ, tSrK, acc_s);
         };
       } else {
@@ -310,9 +311,10 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(const FwdPara
     }();
     auto product_pv = [&] {
       if constexpr (kUsesWgmma<Traits>) {
-        return [tiled_mma_pv, thr_mma_pv, sVt](auto& acc_o, auto& rP, int v_offset = 0) mutable {
+        return [tiled_mma_pv, wg_mma_pv = warpgroup_slice(tiled_mma_pv, tidx), sVt](auto& acc_o, auto& rP,
+                                                                                 int v_offset = 0) mutable {
           Tensor tOrP = make_tensor(rP.data(), Traits::c_to_a(rP.layout()));
-          Tensor tOrVt = thr_mma_pv.partition_fragment_B(make_tensor(sVt.data() + v_offset, sVt.layout()));
+          Tensor tOrVt = wg_mma_pv.partition_fragment_B(make_tensor(sVt.data() + v_offset, sVt.layout()));
           wgmma_gemm<false>(tiled_mma_pv, tOrP, tOrVt, acc_o);
         };
       } else {
