@@ -439,7 +439,7 @@ __global__ void __launch_bounds__(Traits::kCtaThreads, 1)
     auto product_st = smem_product<Traits, false, false, kZeroInit>(mma_sdpt, sK, sQ, tidx);
     auto product_dpt = smem_product<Traits, false, false, kZeroInit>(mma_sdpt, sV, sdO, tidx);
     auto product_dq_t = smem_product<Traits, true, true, kZeroInit>(mma_dq_t, sdSq, sKt, tidx);
-    auto thr_dkv = warpgroup_slice(mma_dkv_rs, tidx);
+    auto thr_dkv = mma_dkv_rs.get_thread_slice(tidx);  // at the thread: see smem_product
     auto b_operand = [&](const auto& tile, int offset) {
       return thr_dkv.partition_fragment_B(make_tensor(tile.data() + offset, tile.layout()));
     };
