@@ -88,12 +88,15 @@ __global__ void __launch_bounds__(Traits::kCtaThreads, 1)
   using SharedStorage = FwdWsSharedStorage<Traits>;
   constexpr bool kOwnOutputTile = std::is_same_v<SharedStorage, FwdWsTilesWithO<Traits>>;
   // Under causal and window masks each consumer warpgroup multiplies only the key
-  // blocks its own 64 rows see (below). Three warpgroups only: a 192-row tile's
-  // first warpgroup skips up to two of the diagonal's blocks, d64 causal +7% at
-  // 512-1k tokens and +3% at 2k (H200; non-causal -1%). With two, a 128 x 128
-  // tile's warpgroups see the same blocks, and the d128/d256 loops lost 4-9% to
-  // the extra loop state (d256 spilled 112-216 B).
-  constexpr bool kWarpgroupKeyRanges = Traits::kConsumerWarpgroups == 3;
+  // blocks its own 64 rows see (below). With three warpgroups a 192-row tile's
+  // first skips up to two of the diagonal's blocks: d64 causal +7% at 512-1k
+  // tokens and +3% at 2k (H200; non-causal -1%). With two, in 128 x 64 tiles
+  // (d224/d256 below 2k keys under a mask) the first skips the diagonal's last
+  // block: d256 causal +4% at 512-1k tokens, +3% at 1.5k, non-causal 0 (H100). A
+  // 128 x 128 tile's warpgroups see the same blocks, and there the d128 loop lost
+  // 4-9% to the extra loop state.
+  constexpr bool kWarpgroupKeyRanges =
+      Traits::kConsumerWarpgroups == 3 || (Traits::kConsumerWarpgroups == 2 && 2 * Traits::kBlockN == Traits::kBlockM);
   // Dropout in lane units under the softmax-P V overlap: a block's Philox words are
   // made with its exponentials, while the previous block's P V multiplies, and
   // only their compares wait for it (16 words per thread). Up to d64 only: there
