@@ -747,9 +747,8 @@ std::optional<Tensor> plan_splits(FwdParams& p, const FwdKernelEntry& kernel, in
 std::optional<Tensor> zeroed_tile_counter(FwdParams& p, int family, const FwdKernelEntry& kernel, const Tensor& q,
                                           cudaStream_t stream) {
   constexpr int64_t kTileRows = 128;
-  const bool dropout = p.rng_state != nullptr;  // its kernels skip no rows
-  // Nor do the 128-row tiles that replace them on short sequences.
-  const int skipping_rows = !dropout && !use_short_query_tiles(p) ? kernel.skipping_block_m : 0;
+  // The 128-row tiles that replace the skipping ones on short sequences skip none.
+  const int skipping_rows = !use_short_query_tiles(p) ? kernel.skipping_block_m : 0;
   const bool lighter_last_tile = skipping_rows > 0 && p.seqlen_q % skipping_rows != 0;
   const bool varlen = p.cu_seqlens_q != nullptr;
   const bool uneven = (varlen || p.window_right >= 0 || lighter_last_tile) && !p.kv_cache;

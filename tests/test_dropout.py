@@ -100,7 +100,7 @@ def test_without_dropout_there_is_no_s_dmask():
 
 def test_lane_units_mask_is_each_threads_call():
     # sm90's units (kernel/dropout.h): element (i, j) takes byte (j // 8 % 4) * 4 +
-    # (i // 8 % 2) * 2 + j % 2 of the call (j // 32 * 4 + j % 8 // 2, row pair):
+    # (i // 8 % 2) * 2 + j % 2 of the call (lo, j // 32 * 4 + j % 8 // 2, hi, row pair):
     # a scalar emulation of the 16 elements one thread of a wgmma tile holds.
     state = torch.tensor([987654321, 2**40 + 3])
     p = 0.3
@@ -109,7 +109,7 @@ def test_lane_units_mask_is_each_threads_call():
     zero = torch.zeros((), dtype=torch.int64)
     for b, h, i, j in [(0, 0, 0, 0), (1, 1, 9, 37), (0, 1, 17, 95), (1, 0, 39, 64), (1, 1, 31, 99)]:
         base = (987654321 + 2**40 + 3 + b * 2 + h) % 2**64
-        counter = _words(j // 32 * 4 + j % 8 // 2, (i // 16) * 8 + i % 8, base & 0xFFFFFFFF, base >> 32)
+        counter = _words(base & 0xFFFFFFFF, j // 32 * 4 + j % 8 // 2, base >> 32, (i // 16) * 8 + i % 8)
         words = [int(w) for w in reference.philox4x32((zero, zero), counter)]
         k = (j // 8 % 4) * 4 + (i // 8 % 2) * 2 + j % 2
         byte = (words[k // 4] >> (8 * (k % 4))) & 0xFF

@@ -176,7 +176,10 @@ def dropout_keep_mask(
     row_pair = ((i // (2 * s)) * s + i % s).view(1, 1, -1, 1)
     shape = (batch, heads, seqlen_q, seqlen_k)
     zero = torch.zeros((), dtype=torch.int64, device=dev)
-    x = philox4x32((zero, zero), [c.expand(shape) for c in (group, row_pair, base & _MASK32, (base >> 32) & _MASK32)])
+    lo, hi = base & _MASK32, (base >> 32) & _MASK32
+    # Lane units put the seed where the first round multiplies (kernel/dropout.h).
+    counter = (lo, group, hi, row_pair) if dropout_units.lane_units else (group, row_pair, lo, hi)
+    x = philox4x32((zero, zero), [c.expand(shape) for c in counter])
     byte = byte_col.view(1, -1) + ((i // s) % 2 * 2).view(-1, 1)
     words = torch.stack(x, dim=-1)  # (..., 4) 32-bit words
     word = torch.gather(words, -1, (byte // 4).expand(shape).unsqueeze(-1)).squeeze(-1)

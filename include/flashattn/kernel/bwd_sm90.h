@@ -174,8 +174,7 @@ struct KeepExchange {
     const uint32_t address = base() + offset(pair0, 0, group);
     CUTE_UNROLL
     for (int e = 0; e < kCalls; ++e) {
-      const uint4 x = philox4x32_7(make_uint4(uint32_t(n0 / 8 + group), uint32_t(m0 / 2 + pair0 + e),
-                                              uint32_t(drop.counter_base), uint32_t(drop.counter_base >> 32)));
+      const uint4 x = drop.lane_call(uint32_t(n0 / 8 + group), uint32_t(m0 / 2 + pair0 + e));
       store(address + e * kPairBytes, x.x, x.y);
       store(address + e * kPairBytes + kPairBytes / 2, x.z, x.w);
     }

@@ -14,6 +14,8 @@
 // and in families with lane units (kDropoutLaneUnits: sm90), whose lanes hold
 // their rows' columns in runs of 32:
 //   g        = j / 32 * 4 + j % 8 / 2                (32-column span, lane)
+//   x        = Philox4x32-7 with key 0 of the counter (lo, g, hi, r), lo and hi
+//              the halves of rng_state[0] + rng_state[1] + b * heads + h
 //   k        = (j / 8 % 4) * 4 + (i / s % 2) * 2 + j % 2
 // with t_lo + n_hi / 16 = round((1 - p) * 4096) / 16: 16 bytes of a call compare
 // with t_lo or t_lo + 1, so that the keep rate is 1 - p within 2^-13 (a byte alone
@@ -27,8 +29,14 @@
 // compute one call of L neighbouring units and swap words in log2(L) butterfly
 // rounds. With lane units a call gives one lane's 16 elements (rows {i, i + s} x
 // its 2 columns of 4 neighbouring 8-column groups): no swaps, which cost as many
-// instructions per element as the compares. The bytes compare as fp16 numbers
-// (all finite and non-negative), two per instruction.
+// instructions per element as the compares. Their counter puts the seed in the
+// words the first round multiplies and the coordinates in the words it only
+// XORs: the first round is the same for every call of a head, and a thread whose
+// calls differ in one coordinate (the forward's column group, the backward's row
+// pair) multiplies it first in the second round, one round fewer on the path to
+// its mask (sm90 forward with dropout +2.7%, d128 +4%; H100, docs/perf-notes.md).
+// The bytes compare as fp16 numbers (all finite and non-negative), two per
+// instruction.
 #pragma once
 
 #include <type_traits>
@@ -101,6 +109,12 @@ struct Dropout {
                    uint64_t(head);
   }
 
+  // Lane units: the call of column group `group` and row pair `row_pair`.
+  __device__ __forceinline__ uint4 lane_call(uint32_t group, uint32_t row_pair) const {
+    static_assert(kLaneUnits);
+    return philox4x32_7(make_uint4(uint32_t(counter_base), group, uint32_t(counter_base >> 32), row_pair));
+  }
+
   // Lane units: the Philox words of this lane's elements of the (rows, cols) view
   // (for_each_mask's arguments), word p * G + g of row pair p and 8-column group g
   // (G groups; the lane holds 2 columns of each: kWords = rows / 2 * cols / 2).
@@ -126,8 +140,7 @@ struct Dropout {
       CUTE_UNROLL
       for (int u = 0; u < kGroups / 4; ++u) {
         const uint32_t group = group0 + uint32_t(get<1>(coords0(0, 2 * 4 * u))) / 8;
-        const uint4 x =
-            philox4x32_7(make_uint4(group + q, row_pair, uint32_t(counter_base), uint32_t(counter_base >> 32)));
+        const uint4 x = lane_call(group + q, row_pair);
         words[p * kGroups + 4 * u + 0] = x.x;
         words[p * kGroups + 4 * u + 1] = x.y;
         words[p * kGroups + 4 * u + 2] = x.z;

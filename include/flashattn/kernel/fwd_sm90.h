@@ -99,8 +99,10 @@ __global__ void __launch_bounds__(Traits::kCtaThreads, 1)
       Traits::kConsumerWarpgroups == 3 || (Traits::kConsumerWarpgroups == 2 && 2 * Traits::kBlockN == Traits::kBlockM);
   // Dropout in lane units under the softmax-P V overlap: a block's Philox words are
   // made with its exponentials, while the previous block's P V multiplies, and
-  // only their compares wait for it (16 words per thread). Up to d64 only: there
-  // +8% forward with dropout, at d128 -1% (-2 to -4% at 512 tokens; H100).
+  // only their compares wait for it (16 words per thread). Up to d64 only (the
+  // two-warpgroup tile of short sequences; three warpgroups do not overlap): there
+  // +8% forward with dropout, at d128 -1% (-2 to -4% at 512 tokens), and with the
+  // seed-first counter (kernel/dropout.h) d128 -2%, d256 -6% (H100).
   // -DFLASHATTN_SM90_DROPOUT_WORDS_IN_PLACE makes them where they are used, to
   // compare.
 #if defined(FLASHATTN_SM90_DROPOUT_WORDS_IN_PLACE)
@@ -109,10 +111,11 @@ __global__ void __launch_bounds__(Traits::kCtaThreads, 1)
   constexpr bool kDropoutWordsAhead =
       kDropout && Dropout<Traits>::kLaneUnits && Traits::kOverlapSoftmax && Traits::kHeadDim <= 64;
 #endif
-  // Turns (pingpong) with dropout up to d64: the two consumer warpgroups take turns to
-  // issue their products, so that one's stretch between a P V's wait and its next
-  // issue (P's conversion and its dropout) runs under the other's products rather
-  // than beside the other's stretch. Forward with dropout, H100: d64 +3% (every
+  // Turns (pingpong) with dropout up to d64 (the two-warpgroup tile of short
+  // sequences): the two consumer warpgroups take turns to issue their products, so
+  // that one's stretch between a P V's wait and its next issue (P's conversion and
+  // its dropout) runs under the other's products rather than beside the other's
+  // stretch. Forward with dropout, H100: d64 +3% (every
   // length and mask), d128 0, d256 -4%. Without dropout 0.99 (d128 -2%, d256 ±1%;
   // H100, docs/perf-notes.md); -DFLASHATTN_SM90_PINGPONG turns them on in every
   // two-warpgroup kernel, to compare.
@@ -278,10 +281,12 @@ __global__ void __launch_bounds__(Traits::kCtaThreads, 1)
   typename Traits::TiledMmaPV tiled_mma_pv;
   auto thr_mma_pv = tiled_mma_pv.get_thread_slice(tidx);
   // The descriptors' slices. Uniform (warpgroup_slice): forward +2.4% (d64 +5%)
-  // on the bf16 grid. Not with dropout: beside the Philox words ptxas then spilled
-  // from d128 up, and the dropout forward ran 1.4% slower (H100, docs/perf-notes.md).
-  auto wg_mma = kDropout ? thr_mma : warpgroup_slice(tiled_mma, tidx);
-  auto wg_mma_pv = kDropout ? thr_mma_pv : warpgroup_slice(tiled_mma_pv, tidx);
+  // on the bf16 grid. Not in the two-warpgroup kernels with dropout (d > 64), where
+  // beside the Philox words ptxas spilled from d128 up and the dropout forward ran
+  // 3% slower at d128, 6% at d256 (H100, docs/perf-notes.md).
+  constexpr bool kThreadSlices = kDropout && Traits::kConsumerWarpgroups == 2;
+  auto wg_mma = kThreadSlices ? thr_mma : warpgroup_slice(tiled_mma, tidx);
+  auto wg_mma_pv = kThreadSlices ? thr_mma_pv : warpgroup_slice(tiled_mma_pv, tidx);
   Tensor tSrQ = wg_mma.partition_fragment_A(sQ_of(0));
   Tensor cS = make_identity_tensor(Shape<Int<kBlockM>, Int<kBlockN>>{});
   Tensor tScS = thr_mma.partition_C(cS);

@@ -1,6 +1,6 @@
 // sm90 family forward: the warp-specialised kernel's tiles per head-dim bucket,
 // and the KV cache kernel's. Two consumer warpgroups of 64 query rows (three up
-// to d64, without dropout), and key blocks as long as two K and two V stages
+// to d64), and key blocks as long as two K and two V stages
 // leave room for (H100, bf16; the stage-1 tile sweeps and the warp-specialised
 // kernel's runs are in docs/perf-notes.md); above d192 a second tile with longer
 // key blocks for long sequences. benchmarks/sweep_sm90_tiles.sh builds every bucket with
@@ -17,11 +17,12 @@
 
 namespace flashattn {
 
-// Dropout's 8-bit units span the column groups of four lanes (kernel/dropout.h):
-// its kernels keep key blocks of a multiple of 32 columns.
+// Key blocks per bucket. Dropout's 8-bit units span the column groups of four
+// lanes (kernel/dropout.h): its kernels need key blocks of a multiple of 32
+// columns, which every tile but the long one (below) has.
 template <int kHeadDim>
-struct Sm90FwdWsDropoutTile {
-  static constexpr int kM = 128, kN = kHeadDim <= 160 ? 128 : kHeadDim <= 192 ? 96 : 64;
+struct Sm90FwdWsKeyBlock {
+  static constexpr int kN = kHeadDim <= 160 ? 128 : kHeadDim <= 192 ? 96 : 64;
 };
 #if defined(FLASHATTN_SM90_TILE_M) && defined(FLASHATTN_SM90_TILE_N)
 template <int kHeadDim>
@@ -34,9 +35,11 @@ template <int kHeadDim>
 struct Sm90FwdWsShortTile : Sm90FwdWsTile<kHeadDim> {};
 #else
 // Up to d64, three consumer warpgroups (192 rows): +2-7% forward over 128 rows
-// but for causal 1k tokens (-3%; H100, docs/perf-notes.md).
+// but for causal 1k tokens (-3%; H100, docs/perf-notes.md); with dropout +4% (2k
+// and 8k tokens +4 to +9%, 512 non-causal -1.5%), where the three warpgroups make
+// the Philox words in place and the two made them under the previous P V.
 template <int kHeadDim>
-struct Sm90FwdWsTile : Sm90FwdWsDropoutTile<kHeadDim> {
+struct Sm90FwdWsTile : Sm90FwdWsKeyBlock<kHeadDim> {
   static constexpr int kM = kHeadDim <= 64 ? 192 : 128;
 };
 // Above d192, long sequences run key blocks of 80 (two K and two V stages of
@@ -130,26 +133,21 @@ struct Sm90Fwd {
   // Rows per tile of the forward without dropout where its warpgroups skip rows
   // past the end (three warpgroups up to d64; the long tile is above d192).
   static constexpr int kSkippingBlockM = WsTraits::kSkipRowlessWarpgroups ? WsTraits::kBlockM : 0;
-  using WsDropoutTile = Sm90FwdWsDropoutTile<kHeadDim>;
-  using WsDropoutTraits = Sm90FwdWsTraits<Element, kHeadDim, WsDropoutTile::kM, WsDropoutTile::kN>;
   // The kernel table's shared memory: the largest of the forward kernels'.
   using SharedStorage = LargestType<FwdWsSharedStorage<WsTraits>, FwdWsSharedStorage<WsLongTraits>,
-                                    FwdWsSharedStorage<WsShortTraits>, FwdWsSharedStorage<WsDropoutTraits>,
-                                    KvSharedStorage<KvTraits, kKvStages>>;
+                                    FwdWsSharedStorage<WsShortTraits>, KvSharedStorage<KvTraits, kKvStages>>;
 
   // The forward (but the KV cache's) runs the warp-specialised kernel; with
-  // dropout, in its own tile.
+  // dropout, in every tile but the long one.
   static void launch_plain(const FwdParams& params, cudaStream_t stream) {
     launch_variant(params, [&](auto score_mods, auto dropout) {
-      constexpr bool kScoreMods = decltype(score_mods)::value;
-      if constexpr (decltype(dropout)::value) {
-        launch_fwd_ws_variant<WsDropoutTraits, kScoreMods, true>(params, stream);
-      } else if (kHasLongTile && use_long_key_blocks(params)) {
-        launch_fwd_ws_variant<WsLongTraits, kScoreMods, false>(params, stream);
+      constexpr bool kScoreMods = decltype(score_mods)::value, kDropout = decltype(dropout)::value;
+      if (!kDropout && kHasLongTile && use_long_key_blocks(params)) {
+        if constexpr (!kDropout) launch_fwd_ws_variant<WsLongTraits, kScoreMods, false>(params, stream);
       } else if (kHasShortTile && use_short_query_tiles(params)) {
-        launch_fwd_ws_variant<WsShortTraits, kScoreMods, false>(params, stream);
+        launch_fwd_ws_variant<WsShortTraits, kScoreMods, kDropout>(params, stream);
       } else {
-        launch_fwd_ws_variant<WsTraits, kScoreMods, false>(params, stream);
+        launch_fwd_ws_variant<WsTraits, kScoreMods, kDropout>(params, stream);
       }
     });
   }
