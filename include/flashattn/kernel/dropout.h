@@ -115,6 +115,62 @@ struct Dropout {
     return philox4x32_7(make_uint4(uint32_t(counter_base), group, uint32_t(counter_base >> 32), row_pair));
   }
 
+  // Lane units: what a call's first three rounds compute from the seed and the row
+  // pair alone. The column group enters the counter's second word, which the
+  // first round only XORs into the word the second multiplies, so a row pair's
+  // calls share the first round's products, the second's of the fourth word and
+  // the third's of the first (the forward makes them once per tile: +1-2% with
+  // dropout; H100, docs/perf-notes.md). lane_call(prefix, g) equals lane_call(g, r).
+  struct LanePrefix {
+    uint32_t x1_seed;  // round 1's first word but the group's XOR
+    uint32_t w1_key;   // round 1's fourth word, XORed with round 2's key
+    uint32_t y2_key;   // round 2's second word, XORed with round 3's key
+    uint32_t z3_seed;  // round 3's product of the first word, high half XOR its key
+    uint32_t w3;       // round 3's fourth word
+  };
+  __device__ __forceinline__ LanePrefix lane_prefix(uint32_t row_pair) const {
+    constexpr uint32_t kKey0 = 0x9E3779B9u, kKey1 = 0xBB67AE85u;
+    uint32_t lo0, hi0, lo1, hi1;
+    mul_wide_u32(0xD2511F53u, uint32_t(counter_base), lo0, hi0);  // round 1 (key 0)
+    mul_wide_u32(0xCD9E8D57u, uint32_t(counter_base >> 32), lo1, hi1);
+    LanePrefix p;
+    p.x1_seed = hi1;
+    p.w1_key = lo0 ^ kKey1;
+    mul_wide_u32(0xCD9E8D57u, hi0 ^ row_pair, lo0, hi0);  // round 2: z1 = hi0 ^ row_pair
+    const uint32_t x2 = hi0 ^ lo1 ^ kKey0;
+    p.y2_key = lo0 ^ (2 * kKey0);
+    mul_wide_u32(0xD2511F53u, x2, lo0, hi0);  // round 3
+    p.z3_seed = hi0 ^ (2 * kKey1);
+    p.w3 = lo0;
+    return p;
+  }
+  __device__ __forceinline__ static uint4 lane_call(const LanePrefix& p, uint32_t group) {
+    uint32_t lo0, hi0, lo1, hi1;
+    mul_wide_u32(0xD2511F53u, p.x1_seed ^ group, lo0, hi0);  // round 2
+    const uint32_t z2 = hi0 ^ p.w1_key, w2 = lo0;
+    mul_wide_u32(0xCD9E8D57u, z2, lo1, hi1);  // round 3
+    uint4 c = make_uint4(hi1 ^ p.y2_key, lo1, p.z3_seed ^ w2, p.w3);
+    CUTE_UNROLL
+    for (int round = 3; round < 7; ++round) {
+      const uint32_t k0 = 0x9E3779B9u * round, k1 = 0xBB67AE85u * round;
+      mul_wide_u32(0xD2511F53u, c.x, lo0, hi0);
+      mul_wide_u32(0xCD9E8D57u, c.z, lo1, hi1);
+      c = make_uint4(hi1 ^ c.y ^ k0, lo1, hi0 ^ c.w ^ k1, lo0);
+    }
+    return c;
+  }
+  // The prefixes of this lane's row pairs in the (rows, cols) view of a tile whose
+  // first row is m0 (for_each_mask's coords and coords0).
+  template <typename Coords, typename Coords0, int kPairs>
+  __device__ __forceinline__ void lane_prefixes(const Coords& coords, const Coords0& coords0, int m0,
+                                                LanePrefix (&prefixes)[kPairs]) const {
+    static_assert(kPairs * 2 == decltype(size<0>(coords0))::value);
+    const uint32_t row = uint32_t(m0 + int(get<0>(coords(0, 0))));
+    const uint32_t row_pair0 = row / (2 * kRowStride) * kRowStride + row % kRowStride;
+    CUTE_UNROLL
+    for (int p = 0; p < kPairs; ++p) prefixes[p] = lane_prefix(row_pair0 + uint32_t(get<0>(coords0(2 * p, 0))) / 2);
+  }
+
   // Lane units: the Philox words of this lane's elements of the (rows, cols) view
   // (for_each_mask's arguments), word p * G + g of row pair p and 8-column group g
   // (G groups; the lane holds 2 columns of each: kWords = rows / 2 * cols / 2).
@@ -123,24 +179,29 @@ struct Dropout {
   template <typename Coords, typename Coords0, int kWords>
   __device__ __forceinline__ void make_words(const Coords& coords, const Coords0& coords0, int m0, int n0,
                                              uint32_t (&words)[kWords]) const {
+    LanePrefix prefixes[decltype(size<0>(coords0))::value / 2];
+    lane_prefixes(coords, coords0, m0, prefixes);
+    make_words(prefixes, coords, coords0, n0, words);
+  }
+  // The same with the row pairs' prefixes made already (lane_prefixes).
+  template <int kPairs, typename Coords, typename Coords0, int kWords>
+  __device__ __forceinline__ void make_words(const LanePrefix (&prefixes)[kPairs], const Coords& coords,
+                                             const Coords0& coords0, int n0, uint32_t (&words)[kWords]) const {
     constexpr int kRows = decltype(size<0>(coords0))::value;
     constexpr int kGroups = decltype(size<1>(coords0))::value / 2;
-    static_assert(kLaneUnits && kWords == kRows / 2 * kGroups);
+    static_assert(kLaneUnits && kWords == kRows / 2 * kGroups && kPairs == kRows / 2);
     // A lane's groups are consecutive and start at a multiple of 4 (its warp's
     // runs of columns are multiples of 32 long), so span u of row pair p is
     // groups 4u..4u + 3 of the lane's, and word c of its call is group 4u + c.
     static_assert(kLanes == 4 && kGroups % 4 == 0, "lane units need runs of 32 columns per lane");
-    const uint32_t row = uint32_t(m0 + int(get<0>(coords(0, 0))));
-    const uint32_t row_pair0 = row / (2 * kRowStride) * kRowStride + row % kRowStride;
     const uint32_t group0 = uint32_t(n0 + int(get<1>(coords(0, 0)))) >> 3;
     const uint32_t q = threadIdx.x % 4;
     CUTE_UNROLL
     for (int p = 0; p < kRows / 2; ++p) {
-      const uint32_t row_pair = row_pair0 + uint32_t(get<0>(coords0(2 * p, 0))) / 2;
       CUTE_UNROLL
       for (int u = 0; u < kGroups / 4; ++u) {
         const uint32_t group = group0 + uint32_t(get<1>(coords0(0, 2 * 4 * u))) / 8;
-        const uint4 x = lane_call(group + q, row_pair);
+        const uint4 x = lane_call(prefixes[p], group + q);
         words[p * kGroups + 4 * u + 0] = x.x;
         words[p * kGroups + 4 * u + 1] = x.y;
         words[p * kGroups + 4 * u + 2] = x.z;

@@ -401,6 +401,10 @@ __global__ void __launch_bounds__(Traits::kCtaThreads, 1)
         if constexpr (kDropout) return Dropout<Traits>(params, tile.batch, tile.head);
         else return 0;  // no RNG state to read
       }();
+      // The first rounds of this thread's Philox calls, the same for all its blocks.
+      using DropPrefix = std::conditional_t<kDropout, typename Dropout<Traits>::LanePrefix, int>;
+      [[maybe_unused]] DropPrefix drop_prefixes[kRows / 2];
+      if constexpr (kDropout) dropout.lane_prefixes(tScS_rc, tScS0_rc, m0, drop_prefixes);
       OnlineSoftmax<kRows, Traits::kRowShuffleMask, kMaxGrowthLog2> softmax;
       float correction[kRows];  // the output's rescale before the next P V adds to it
       Tensor acc_s = partition_fragment_C(tiled_mma, Shape<Int<kBlockM>, Int<kBlockN>>{});
@@ -439,7 +443,7 @@ __global__ void __launch_bounds__(Traits::kCtaThreads, 1)
                                                     : mask.tile_needs_mask(m0, kBlockM, n0, kBlockN);
         if (needs_mask) mask.apply(acc_s, tScS, tScS0, m0, n0);
         softmax.exponentiate(acc_s_rc, params.score_scale_log2, correction);
-        if constexpr (kDropoutWordsAhead) dropout.make_words(tScS_rc, tScS0_rc, m0, n0, drop_words);
+        if constexpr (kDropoutWordsAhead) dropout.make_words(drop_prefixes, tScS_rc, tScS0_rc, n0, drop_words);
       };
       // The output rescaled, and acc_s's probabilities into rP, the 16-bit A
       // operand of O += P V (whole registers: an element-wise copy into a
@@ -451,8 +455,9 @@ __global__ void __launch_bounds__(Traits::kCtaThreads, 1)
         if constexpr (kDropoutWordsAhead) {
           dropout.drop_probabilities(make_tensor(rP.data(), Traits::rowcol(rP.layout())), tScS0_rc, drop_words);
         } else if constexpr (kDropout) {
-          dropout.drop_probabilities(make_tensor(rP.data(), Traits::rowcol(rP.layout())), tScS_rc, tScS0_rc, m0,
-                                     n_block * kBlockN);
+          uint32_t words[kDropWords];
+          dropout.make_words(drop_prefixes, tScS_rc, tScS0_rc, n_block * kBlockN, words);
+          dropout.drop_probabilities(make_tensor(rP.data(), Traits::rowcol(rP.layout())), tScS0_rc, words);
         }
       };
       // O += P V of key block n_block, issued once its V landed.
