@@ -56,15 +56,18 @@ __device__ __forceinline__ void mul_wide_u32(uint32_t a, uint32_t b, uint32_t& l
   asm("mul.lo.u32 %0, %2, %3;\n\tmul.hi.u32 %1, %2, %3;" : "=r"(lo), "=r"(hi) : "r"(a), "r"(b));
 }
 
+// Philox4x32's round `round` (0-based) with key 0 and its schedule.
+__device__ __forceinline__ uint4 philox_round(uint4 c, int round) {
+  const uint32_t k0 = 0x9E3779B9u * round, k1 = 0xBB67AE85u * round;
+  uint32_t lo0, hi0, lo1, hi1;
+  mul_wide_u32(0xD2511F53u, c.x, lo0, hi0);
+  mul_wide_u32(0xCD9E8D57u, c.z, lo1, hi1);
+  return make_uint4(hi1 ^ c.y ^ k0, lo1, hi0 ^ c.w ^ k1, lo0);
+}
+
 __device__ __forceinline__ uint4 philox4x32_7(uint4 c) {
   CUTE_UNROLL
-  for (int round = 0; round < 7; ++round) {
-    const uint32_t k0 = 0x9E3779B9u * round, k1 = 0xBB67AE85u * round;  // key 0, its schedule
-    uint32_t lo0, hi0, lo1, hi1;
-    mul_wide_u32(0xD2511F53u, c.x, lo0, hi0);
-    mul_wide_u32(0xCD9E8D57u, c.z, lo1, hi1);
-    c = make_uint4(hi1 ^ c.y ^ k0, lo1, hi0 ^ c.w ^ k1, lo0);
-  }
+  for (int round = 0; round < 7; ++round) c = philox_round(c, round);
   return c;
 }
 
@@ -151,12 +154,7 @@ struct Dropout {
     mul_wide_u32(0xCD9E8D57u, z2, lo1, hi1);  // round 3
     uint4 c = make_uint4(hi1 ^ p.y2_key, lo1, p.z3_seed ^ w2, p.w3);
     CUTE_UNROLL
-    for (int round = 3; round < 7; ++round) {
-      const uint32_t k0 = 0x9E3779B9u * round, k1 = 0xBB67AE85u * round;
-      mul_wide_u32(0xD2511F53u, c.x, lo0, hi0);
-      mul_wide_u32(0xCD9E8D57u, c.z, lo1, hi1);
-      c = make_uint4(hi1 ^ c.y ^ k0, lo1, hi0 ^ c.w ^ k1, lo0);
-    }
+    for (int round = 3; round < 7; ++round) c = philox_round(c, round);
     return c;
   }
   // The prefixes of this lane's row pairs in the (rows, cols) view of a tile whose
