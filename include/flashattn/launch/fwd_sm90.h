@@ -130,8 +130,8 @@ struct Sm90Fwd {
   static constexpr bool kHasShortTile = !std::is_same_v<WsShortTraits, WsTraits>;
   static_assert(!kHasShortTile || WsTraits::kSkipRowlessWarpgroups,
                 "the host (zeroed_tile_counter) takes the short tile to replace one that skips rows");
-  // Rows per tile of the forward without dropout where its warpgroups skip rows
-  // past the end (three warpgroups up to d64; the long tile is above d192).
+  // Rows per tile of the forward (dropout's included) where its warpgroups skip
+  // rows past the end (three warpgroups up to d64; the long tile is above d192).
   static constexpr int kSkippingBlockM = WsTraits::kSkipRowlessWarpgroups ? WsTraits::kBlockM : 0;
   // The kernel table's shared memory: the largest of the forward kernels'.
   using SharedStorage = LargestType<FwdWsSharedStorage<WsTraits>, FwdWsSharedStorage<WsLongTraits>,
@@ -142,7 +142,7 @@ struct Sm90Fwd {
   static void launch_plain(const FwdParams& params, cudaStream_t stream) {
     launch_variant(params, [&](auto score_mods, auto dropout) {
       constexpr bool kScoreMods = decltype(score_mods)::value, kDropout = decltype(dropout)::value;
-      if (!kDropout && kHasLongTile && use_long_key_blocks(params)) {
+      if (!kDropout && kHasLongTile && use_long_key_blocks(params)) {  // its 80-key blocks: no dropout kernel
         if constexpr (!kDropout) launch_fwd_ws_variant<WsLongTraits, kScoreMods, false>(params, stream);
       } else if (kHasShortTile && use_short_query_tiles(params)) {
         launch_fwd_ws_variant<WsShortTraits, kScoreMods, kDropout>(params, stream);
