@@ -99,17 +99,17 @@ __global__ void __launch_bounds__(Traits::kCtaThreads, 1)
       Traits::kConsumerWarpgroups == 3 || (Traits::kConsumerWarpgroups == 2 && 2 * Traits::kBlockN == Traits::kBlockM);
   // Dropout in lane units under the softmax-P V overlap: a block's Philox words are
   // made with its exponentials, while the previous block's P V multiplies, and
-  // only their compares wait for it (16 words per thread). Up to d64 only (the
-  // two-warpgroup tile of short sequences; three warpgroups do not overlap): there
-  // +8% forward with dropout, at d128 -1% (-2 to -4% at 512 tokens), and with the
-  // seed-first counter (kernel/dropout.h) d128 -2%, d256 -6% (H100).
+  // only their compares wait for it (16 words per thread). Up to d96 (three
+  // warpgroups do not overlap, so at d64 the two-warpgroup tile of short
+  // sequences): forward with dropout, H100, d64 +8%, d96 +2.8% (every length, ViT's
+  // 197 tokens +3.6%); d128 0 (+1% to -1%), d256 -6% (spills; docs/perf-notes.md).
   // -DFLASHATTN_SM90_DROPOUT_WORDS_IN_PLACE makes them where they are used, to
   // compare.
 #if defined(FLASHATTN_SM90_DROPOUT_WORDS_IN_PLACE)
   constexpr bool kDropoutWordsAhead = false;
 #else
   constexpr bool kDropoutWordsAhead =
-      kDropout && Dropout<Traits>::kLaneUnits && Traits::kOverlapSoftmax && Traits::kHeadDim <= 64;
+      kDropout && Dropout<Traits>::kLaneUnits && Traits::kOverlapSoftmax && Traits::kHeadDim <= 96;
 #endif
   // Turns (pingpong) with dropout up to d64 (the two-warpgroup tile of short
   // sequences): the two consumer warpgroups take turns to issue their products, so
