@@ -99,9 +99,10 @@ __global__ void __launch_bounds__(Traits::kCtaThreads, 1)
       Traits::kConsumerWarpgroups == 3 || (Traits::kConsumerWarpgroups == 2 && 2 * Traits::kBlockN == Traits::kBlockM);
   // Dropout in lane units under the softmax-P V overlap: a block's Philox words are
   // made with its exponentials, while the previous block's P V multiplies, and
-  // only their compares wait for it (16 words per thread). Up to d96 (three
+  // only their compares wait for it (16 words per thread). Up to d64, and at d96
+  // without score modifiers (whose kernel then spills in its loop); three
   // warpgroups do not overlap, so at d64 the two-warpgroup tile of short
-  // sequences): forward with dropout, H100, d64 +8%, d96 +2.8% (every length, ViT's
+  // sequences. Forward with dropout, H100: d64 +8%, d96 +2.8% (every length, ViT's
   // 197 tokens +3.6%); d128 0 (+1% to -1%), d256 -6% (spills; docs/perf-notes.md).
   // -DFLASHATTN_SM90_DROPOUT_WORDS_IN_PLACE makes them where they are used, to
   // compare.
@@ -109,7 +110,8 @@ __global__ void __launch_bounds__(Traits::kCtaThreads, 1)
   constexpr bool kDropoutWordsAhead = false;
 #else
   constexpr bool kDropoutWordsAhead =
-      kDropout && Dropout<Traits>::kLaneUnits && Traits::kOverlapSoftmax && Traits::kHeadDim <= 96;
+      kDropout && Dropout<Traits>::kLaneUnits && Traits::kOverlapSoftmax &&
+      (Traits::kHeadDim <= 64 || (Traits::kHeadDim <= 96 && !kScoreMods));
 #endif
   // Turns (pingpong) with dropout up to d64 (the two-warpgroup tile of short
   // sequences): the two consumer warpgroups take turns to issue their products, so
