@@ -135,7 +135,7 @@ def check_fwd(
         _check_like("out", out, "q", q)
     if alibi_slopes is not None:
         _check_alibi(alibi_slopes, q.shape[0], q.shape[2], q.device)
-    if rng_state is not None or dropout_p:
+    if not public and (rng_state is not None or dropout_p):  # the public functions draw it themselves
         _check_rng_state(rng_state, q, dropout_p)
     _check_scalars(dropout_p, window_left, window_right, softcap)
     if family:
@@ -307,7 +307,7 @@ def check_varlen(
         _check_like("out", out, "q", q)
     if alibi_slopes is not None:
         _check_alibi(alibi_slopes, batch, h, q.device)
-    if rng_state is not None or dropout_p:
+    if not public and (rng_state is not None or dropout_p):  # the public functions draw it themselves
         _check_rng_state(rng_state, q, dropout_p)
     _check_scalars(dropout_p, window_left, window_right, softcap)
     if family:
