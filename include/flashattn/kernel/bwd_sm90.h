@@ -48,6 +48,16 @@ constexpr bool bwd_keys_as_rows() {
 #endif
 }
 
+// Dropout with keys as rows: the keep masks' Philox calls made by the producer
+// warpgroup's idle warps (KeepExchange::make) rather than by the consumers
+// (KeepExchange::publish). The backward with dropout at d64: 1.6-3.5% faster in
+// every cell of the grid; at d128 up to 3% faster but 3% slower at 8k tokens
+// causal (H100, docs/perf-notes.md), so d128 keeps the consumers' calls.
+template <typename Traits, bool kDropout>
+constexpr bool bwd_keep_by_makers() {
+  return bwd_keys_as_rows<Traits, kDropout>() && kDropout && Traits::kHeadDim == 64;
+}
+
 // N tiles of one layout back to back (none for N = 0: data() is null then).
 template <typename Element, typename Layout, int N>
 struct SmemTileRing {
@@ -65,19 +75,19 @@ struct SmemTileRing<Element, Layout, 0> {
 // where the Q and dO stages were. P goes through shared memory only where the
 // queries are the rows of S.
 // Dropout with keys as rows: the keep masks' Philox calls of a tile, made once
-// by the warpgroup whose keys they cover and read by the threads that hold their
-// elements (KeepExchange). Per call (row pair p, column group g of the tile; see
-// kernel/dropout.h, lane units), its words 0-1 and 2-3 (8-column groups 0-1 and
-// 2-3 of its 32-column span) as two 8-byte halves, g swizzled by p so that a
-// warp's gathers hit every bank once.
-template <int kBlockM, int kGroups, bool kUsed>
+// and read by the consumer threads that hold their elements (KeepExchange): in
+// one buffer, or in two where the producer's warps make them. Per call (row pair
+// p, column group g of the tile; see kernel/dropout.h, lane units), its words
+// 0-1 and 2-3 (8-column groups 0-1 and 2-3 of its 32-column span) as two 8-byte
+// halves, g swizzled by p so that a warp's gathers hit every bank once.
+template <int kBlockM, int kGroups, int kBuffers>
 struct KeepExchangeStorage {
-  uint2 words[kBlockM / 2][2][kGroups];
+  uint2 words[kBuffers][kBlockM / 2][2][kGroups];
 };
 template <int kBlockM, int kGroups>
-struct KeepExchangeStorage<kBlockM, kGroups, false> {};
+struct KeepExchangeStorage<kBlockM, kGroups, 0> {};
 
-template <typename Traits, bool kKeysAsRows, bool kKeepExchange = false>
+template <typename Traits, bool kKeysAsRows, int kKeepBuffers = 0>
 struct BwdWsSharedStorage {
   using Element = typename Traits::Element;
   using Pipeline = typename Traits::Pipeline;
@@ -93,14 +103,17 @@ struct BwdWsSharedStorage {
   float lse_hi[Traits::kStages][Traits::kBlockM];
   float lse_lo[Traits::kStages][Traits::kBlockM];
   float d[Traits::kStages][Traits::kBlockM];
-  KeepExchangeStorage<Traits::kBlockM, Traits::kBlockN / 8, kKeepExchange> keep;
+  KeepExchangeStorage<Traits::kBlockM, Traits::kBlockN / 8, kKeepBuffers> keep;
   typename Pipeline::SharedStorage pipeline_q, pipeline_do;
 };
 
 // The storage of the kernel variant (kDropout: with dropout).
 template <typename Traits, bool kDropout>
-using BwdWsStorageFor = BwdWsSharedStorage<Traits, bwd_keys_as_rows<Traits, kDropout>(),
-                                           bwd_keys_as_rows<Traits, kDropout>() && kDropout>;
+using BwdWsStorageFor =
+    BwdWsSharedStorage<Traits, bwd_keys_as_rows<Traits, kDropout>(),
+                       !(bwd_keys_as_rows<Traits, kDropout>() && kDropout) ? 0
+                       : bwd_keep_by_makers<Traits, kDropout>()            ? 2
+                                                                           : 1>;
 
 // The TMA descriptors of Q and dO (launch/bwd_sm90.h makes them per call).
 template <typename Traits>
@@ -126,10 +139,12 @@ struct QueryColumnStats {
 // forward's rows (kernel/dropout.h): one Philox call gives a lane of the forward
 // rows {i, i + 8} x its 8 columns of a 32-column span, of which a thread holding
 // keys as rows has 4 (keys {k, k + 8} x queries {i, i + 8}), and two warps hold
-// the rest. So each warpgroup makes the calls of its 64 keys once (kBlockM / 32 a
-// thread) into shared memory (publish), and after a barrier of the warpgroup each
-// thread gathers its masks from them (gather): one 8-byte load gives the bytes
-// of its 2 keys x 2 queries of one call.
+// the rest. So each call is made once into shared memory and each consumer
+// thread gathers its masks from there (gather): one 8-byte load gives the bytes
+// of its 2 keys x 2 queries of one call. The calls are made either by each
+// consumer warpgroup for its 64 keys (publish; kBlockM / 32 a thread), then a
+// barrier of the warpgroup, or by the producer warpgroup's warps 1-3 a tile
+// ahead into two buffers (make; bwd_keep_by_makers).
 // 0xFFFF in each half of the result whose 16-bit number (a byte, zero-extended)
 // is below the threshold in that half of `threshold2` (as kernel/dropout.h's
 // keep_halves, whose bytes come from one word).
@@ -144,9 +159,15 @@ struct KeepExchange {
   static constexpr int kBlockM = Traits::kBlockM;
   static constexpr int kGroups = Traits::kBlockN / 8;  // calls across the tile's keys: 4 lanes x 32-column spans
   static_assert(Traits::kBlockN == 128 && kBlockM % 32 == 0, "two warpgroups of 64 keys, whole calls per thread");
-  using Storage = KeepExchangeStorage<kBlockM, kGroups, true>;
+  static constexpr bool kByMakers = bwd_keep_by_makers<Traits, true>();
+  using Storage = KeepExchangeStorage<kBlockM, kGroups, kByMakers ? 2 : 1>;
+  // Made by the producer's warps 1-3: buffer b is full for consumer warpgroup w
+  // at named barrier 1 + 2 w + b and free again (read by both) at 5 + b. The
+  // consumers' own barrier is 0; warpgroup_sync's 1 and 2 are publish's.
+  static constexpr int kMakerWarps = 3;
+  static constexpr uint32_t kFullThreads = 32 * kMakerWarps + 128;
+  static constexpr uint32_t kFreeThreads = 32 * kMakerWarps + Traits::kConsumerThreads;
   Storage& storage;
-  int wg, wg_tidx;  // this thread's warpgroup and its index there
 
   // Byte offset of (row pair, half, group)'s slot: row pairs 2j and 2j + 1 share
   // the swizzle, so a thread's slots lie at immediate offsets from one address.
@@ -154,7 +175,7 @@ struct KeepExchange {
     return uint32_t(((pair * 2 + half) * kGroups + (group + 4 * (pair / 2 % 4)) % kGroups) * sizeof(uint2));
   }
   static constexpr uint32_t kPairBytes = 2 * kGroups * sizeof(uint2);
-  __device__ uint32_t base() const { return cast_smem_ptr_to_uint(&storage.words[0][0][0]); }
+  __device__ uint32_t base(int buffer) const { return cast_smem_ptr_to_uint(&storage.words[buffer][0][0][0]); }
   __device__ static void store(uint32_t address, uint32_t lo, uint32_t hi) {
     asm volatile("st.shared.v2.b32 [%0], {%1, %2};\n" ::"r"(address), "r"(lo), "r"(hi));
   }
@@ -163,15 +184,44 @@ struct KeepExchange {
     asm volatile("ld.shared.v2.b32 {%0, %1}, [%2];\n" : "=r"(v.x), "=r"(v.y) : "r"(address));
     return v;
   }
+  __device__ static void wait_full(int wg, int buffer) {
+    cutlass::arch::NamedBarrier::sync(kFullThreads, 1 + 2 * wg + buffer);
+  }
+  __device__ static void mark_full(int buffer) {
+    cutlass::arch::NamedBarrier::arrive(kFullThreads, 1 + buffer);
+    cutlass::arch::NamedBarrier::arrive(kFullThreads, 3 + buffer);
+  }
+  __device__ static void wait_free(int buffer) { cutlass::arch::NamedBarrier::sync(kFreeThreads, 5 + buffer); }
+  __device__ static void mark_free(int buffer) { cutlass::arch::NamedBarrier::arrive(kFreeThreads, 5 + buffer); }
 
-  // This warpgroup's calls of the tile at (m0, n0) of query head `head`: thread t
-  // makes column group 8 wg + t % 8 of row pairs 2 (t / 8) and the next.
-  __device__ __forceinline__ void publish(const BwdParams& params, int batch, int head, int m0, int n0) const {
+  // The calls of the tile at (m0, n0) into `buffer`, with the counter of its
+  // query head (Dropout::counter_base), by maker warp `warp` (0-2): steps warp,
+  // warp + 3, ... of 32 calls, lane l of step s making column group l % 16 of
+  // row pair 2 s + l / 16 (a warp's stores fill 256 consecutive bytes). The
+  // producer has 24 registers: nothing is kept but the counter and the loop.
+  __device__ __forceinline__ void make(uint64_t counter, int m0, int n0, int buffer, int warp) const {
+    static_assert(kGroups == 16, "a step is two row pairs");
+    const int lane = threadIdx.x % 32, group = lane % kGroups;
+#pragma unroll 1
+    for (int step = warp; step < kBlockM / 4; step += kMakerWarps) {
+      const int pair = 2 * step + lane / kGroups;
+      const uint4 x = philox4x32_7(
+          make_uint4(uint32_t(counter), uint32_t(n0 / 8 + group), uint32_t(counter >> 32), uint32_t(m0 / 2 + pair)));
+      const uint32_t address = base(buffer) + offset(pair, 0, group);
+      store(address, x.x, x.y);
+      store(address + kPairBytes / 2, x.z, x.w);
+    }
+  }
+
+  // Consumer warpgroup wg's calls of the tile at (m0, n0) of query head `head`:
+  // thread t makes column group 8 wg + t % 8 of row pairs 2 (t / 8) and the next.
+  __device__ __forceinline__ void publish(const BwdParams& params, int batch, int head, int m0, int n0, int wg,
+                                          int wg_tidx) const {
     const Dropout<Traits> drop(params, batch, head);
     constexpr int kCalls = kBlockM / 32;
     static_assert(kCalls == 2, "a thread's two row pairs share the swizzle");
     const int group = 8 * wg + wg_tidx % 8, pair0 = kCalls * (wg_tidx / 8);
-    const uint32_t address = base() + offset(pair0, 0, group);
+    const uint32_t address = base(0) + offset(pair0, 0, group);
     CUTE_UNROLL
     for (int e = 0; e < kCalls; ++e) {
       const uint4 x = drop.lane_call(uint32_t(n0 / 8 + group), uint32_t(m0 / 2 + pair0 + e));
@@ -184,8 +234,10 @@ struct KeepExchange {
   // (keys, queries) view: keys k0 + 8r, queries 8j + 2 (lane % 4) + {0, 1}, with
   // k0 = 16 warp + lane / 4 of the warpgroup's keys. Query i is in row pair
   // i / 16 * 8 + i % 8, byte 2 (i / 8 % 2) + k % 2 of word k / 8 % 4 of the call.
+  // wg, wg_tidx: this thread's consumer warpgroup and its index there.
   template <int kPairs>
-  __device__ __forceinline__ void gather(uint32_t (&keep)[2][kPairs], const BwdParams& params) const {
+  __device__ __forceinline__ void gather(uint32_t (&keep)[2][kPairs], const BwdParams& params, int buffer, int wg,
+                                         int wg_tidx) const {
     static_assert(kPairs == kBlockM / 8);
     const int lane = wg_tidx % 32, warp = wg_tidx / 32;
     const int key8 = lane / 4;                              // k0 % 8
@@ -204,7 +256,7 @@ struct KeepExchange {
         threshold2[r][s] = t | (t << 16);
       }
     }
-    const uint32_t address = base() + offset(2 * (lane % 4), half, group);
+    const uint32_t address = base(buffer) + offset(2 * (lane % 4), half, group);
     CUTE_UNROLL
     for (int h = 0; h < kBlockM / 16; ++h) {
       // Row pairs 8h + 2 (lane % 4) and the next.
@@ -266,6 +318,22 @@ __global__ void __launch_bounds__(Traits::kCtaThreads, 1)
 
   if (producer) {
     cutlass::arch::warpgroup_reg_dealloc<Traits::kProducerRegisters>();
+    if constexpr (bwd_keep_by_makers<Traits, kDropout>()) {
+      // Warps 1-3: the keep masks of iteration `it` into buffer it % 2, once
+      // the consumers have read what it held two iterations before.
+      if (threadIdx.x >= 32) {
+        const KeepExchange<Traits> keeps{storage.keep};
+        uint64_t counter = Dropout<Traits>(params, batch, head0).counter_base;  // of the query head
+        int m_block = m_begin;
+        for (int it = 0; it < num_iters; ++it) {
+          if (it >= 2) keeps.wait_free(it % 2);
+          keeps.make(counter, m_block * kBlockM, n0, it % 2, threadIdx.x / 32 - 1);
+          keeps.mark_full(it % 2);
+          if (++m_block == m_end) m_block = m_begin, ++counter;
+        }
+        return;
+      }
+    }
     // ---- producer: Q + lse, then dO + D, of iteration `it` into stage it % kStages.
     // Warp 0 writes lse (in log2 units) and D, two rows a lane; its lane 0 issues
     // the TMA loads.
@@ -468,7 +536,7 @@ __global__ void __launch_bounds__(Traits::kCtaThreads, 1)
     // once dS^T's registers are free.
     uint32_t keep[2][kDropout ? kBlockM / 8 : 1];
     [[maybe_unused]] auto keep_exchange = [&] {
-      if constexpr (kDropout) return KeepExchange<Traits>{storage.keep, tidx / 128, tidx % 128};
+      if constexpr (kDropout) return KeepExchange<Traits>{storage.keep};
       else return 0;
     }();
     typename Pipeline::PipelineState last_state = state;
@@ -495,8 +563,12 @@ __global__ void __launch_bounds__(Traits::kCtaThreads, 1)
       product_st(acc_s, 0, q_offset);
       pipeline_do.consumer_wait(state);
       product_dpt(acc_dp, 0, q_offset);
-      // This tile's calls into the exchange (last read before the last barrier).
-      if constexpr (kDropout) keep_exchange.publish(params, batch, head, m0, n0);
+      // This tile's calls into the exchange (last read before the last barrier),
+      // unless the producer's warps make them.
+      constexpr bool kKeepByMakers = bwd_keep_by_makers<Traits, kDropout>();
+      if constexpr (kDropout && !kKeepByMakers) {
+        keep_exchange.publish(params, batch, head, m0, n0, tidx / 128, tidx % 128);
+      }
       // The last iteration's dK, issued last, done: its stage is free. (Waited
       // for unconditionally: ptxas serializes every wgmma of a kernel where
       // some path may read an accumulator still in flight.)
@@ -505,9 +577,14 @@ __global__ void __launch_bounds__(Traits::kCtaThreads, 1)
         warpgroup_fence_operand(rdS);
         if (it > 0) release(last_state);
       }
-      if constexpr (kDropout) {
+      if constexpr (kDropout && !kKeepByMakers) {
         warpgroup_sync(tidx / 128);
-        keep_exchange.gather(keep, params);
+        keep_exchange.gather(keep, params, 0, tidx / 128, tidx % 128);
+      }
+      if constexpr (kKeepByMakers) {
+        keep_exchange.wait_full(tidx / 128, it % 2);
+        keep_exchange.gather(keep, params, it % 2, tidx / 128, tidx % 128);
+        if (it + 2 < num_iters) keep_exchange.mark_free(it % 2);
       }
       const QueryColumnStats<decltype(tStcSt0_rc)> stats{storage.lse_hi[stage] + query0, storage.lse_lo[stage] + query0,
                                                         storage.d[stage] + query0, tStcSt0_rc};
