@@ -7,6 +7,7 @@ as a training step does, so that no gradient-accumulation kernel is counted.
     python3 benchmarks/kernel_times.py                       # the default shapes, all three
     python3 benchmarks/kernel_times.py --impls flashattn     # A/B runs of two builds
     python3 benchmarks/kernel_times.py --shapes 8x2048x16x128,32x512x8x256c
+    python3 benchmarks/kernel_times.py --impls flashattn --dropout 0.1  # with dropout
 
 A shape is BATCHxSEQLENxHEADSxHDIM, with a trailing "c" for causal. GPU µs per call,
 the mean of 5 profiled calls after 3 warmup calls. Needs a CUDA GPU.
@@ -28,7 +29,7 @@ def parse_shape(text):
     return b, s, h, d, causal
 
 
-def kernel_table(impl, b, s, h, d, causal, calls=5):
+def kernel_table(impl, b, s, h, d, causal, dropout_p=0.0, calls=5):
     import flashattn
     import torch
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -46,10 +47,11 @@ def kernel_table(impl, b, s, h, d, causal, calls=5):
         for t in (q, k, v):
             t.grad = None
         if impl == "flashattn":
-            out = flashattn.flash_attn_func(q, k, v, causal=causal)
+            out = flashattn.flash_attn_func(q, k, v, dropout_p=dropout_p, causal=causal)
         else:
             with sdpa_kernel([backend]):
-                out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
+                out = torch.nn.functional.scaled_dot_product_attention(
+                    q, k, v, dropout_p=dropout_p, is_causal=causal)
         out.backward(do)
 
     for _ in range(3):
@@ -67,7 +69,10 @@ def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--shapes", default=DEFAULT_SHAPES, help=f"comma-separated shapes (default {DEFAULT_SHAPES})")
     p.add_argument("--impls", default=",".join(IMPLS), help="any of flashattn,cudnn,fa2")
+    p.add_argument("--dropout", type=float, default=0.0, help="attention dropout probability (default 0)")
     a = p.parse_args()
+    if not 0.0 <= a.dropout < 1.0:
+        p.error(f"--dropout: {a.dropout} is not in [0, 1)")
     try:
         shapes = [parse_shape(x) for x in a.shapes.split(",")]
     except ValueError as e:
@@ -85,8 +90,9 @@ def main():
     print(f"torch {torch.__version__}, {torch.cuda.get_device_name()}")
     for b, s, h, d, causal in shapes:
         for impl in impls:
-            rows = kernel_table(impl, b, s, h, d, causal)
-            print(f"== {impl} b{b} s{s} h{h} d{d} {'causal' if causal else 'non-causal'} (GPU us per call)")
+            rows = kernel_table(impl, b, s, h, d, causal, a.dropout)
+            print(f"== {impl} b{b} s{s} h{h} d{d} {'causal' if causal else 'non-causal'}"
+                  + (f" dropout {a.dropout}" if a.dropout else "") + " (GPU us per call)")
             for us, count, name in rows:
                 print(f"  {us:9.1f} x{count:<2} {name[:150]}")
             print(f"  {sum(r[0] for r in rows):9.1f} total")
