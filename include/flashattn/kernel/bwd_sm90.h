@@ -51,8 +51,9 @@ constexpr bool bwd_keys_as_rows() {
 // Dropout with keys as rows: the keep masks' Philox calls made by the producer
 // warpgroup's idle warps (KeepExchange::make) rather than by the consumers
 // (KeepExchange::publish). The backward with dropout at d64: 1.6-3.5% faster in
-// every cell of the grid; at d128 up to 3% faster but 3% slower at 8k tokens
-// causal (H100, docs/perf-notes.md), so d128 keeps the consumers' calls.
+// every cell of the grid; at d128 up to 3% faster but 3-8% slower at 8k tokens
+// causal (H100, docs/perf-notes.md), so d128 keeps the consumers' calls, and so
+// does the d32 bucket (not measured).
 template <typename Traits, bool kDropout>
 constexpr bool bwd_keep_by_makers() {
   return bwd_keys_as_rows<Traits, kDropout>() && kDropout && Traits::kHeadDim == 64;
