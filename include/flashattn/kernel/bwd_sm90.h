@@ -206,8 +206,7 @@ struct KeepExchange {
 #pragma unroll 1
     for (int step = warp; step < kBlockM / 4; step += kMakerWarps) {
       const int pair = 2 * step + lane / kGroups;
-      const uint4 x = philox4x32_7(
-          make_uint4(uint32_t(counter), uint32_t(n0 / 8 + group), uint32_t(counter >> 32), uint32_t(m0 / 2 + pair)));
+      const uint4 x = Dropout<Traits>::lane_call(counter, uint32_t(n0 / 8 + group), uint32_t(m0 / 2 + pair));
       const uint32_t address = base(buffer) + offset(pair, 0, group);
       store(address, x.x, x.y);
       store(address + kPairBytes / 2, x.z, x.w);

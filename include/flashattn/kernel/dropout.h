@@ -112,10 +112,15 @@ struct Dropout {
                    uint64_t(head);
   }
 
-  // Lane units: the call of column group `group` and row pair `row_pair`.
-  __device__ __forceinline__ uint4 lane_call(uint32_t group, uint32_t row_pair) const {
+  // Lane units: the call of column group `group` and row pair `row_pair`, of the
+  // head whose counter_base is `counter` (the static form: for code that keeps
+  // only the counter, as the backward's mask-making warps do).
+  __device__ __forceinline__ static uint4 lane_call(uint64_t counter, uint32_t group, uint32_t row_pair) {
     static_assert(kLaneUnits);
-    return philox4x32_7(make_uint4(uint32_t(counter_base), group, uint32_t(counter_base >> 32), row_pair));
+    return philox4x32_7(make_uint4(uint32_t(counter), group, uint32_t(counter >> 32), row_pair));
+  }
+  __device__ __forceinline__ uint4 lane_call(uint32_t group, uint32_t row_pair) const {
+    return lane_call(counter_base, group, row_pair);
   }
 
   // Lane units: what a call's first three rounds compute from the seed and the row
