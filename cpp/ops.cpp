@@ -462,17 +462,24 @@ int prepare_fwd(const Tensor& q, const Tensor& k, const Tensor& v, const Options
   if (o.dropout_p > 0.0) {
     FA_CHECK(cache == nullptr, "dropout is not supported over a KV cache (an inference forward); use dropout_p=0");
     FA_CHECK(o.rng_state.has_value(), "dropout_p = ", o.dropout_p, " needs rng_state, an int64 tensor [seed, offset] "
-             "on q's device (flashattn's public functions draw it)");
+             "on q's device or the CPU (flashattn's public functions draw it)");
     const Tensor& r = *o.rng_state;
-    check_cuda_tensor(r, "rng_state", q);
+    if (!r.is_cpu()) check_cuda_tensor(r, "rng_state", q);
     FA_CHECK(r.scalar_type() == ScalarType::Long && r.dim() == 1 && r.size(0) == 2 && r.stride(0) == 1,
              "rng_state must be a contiguous int64 tensor of shape (2,) holding [seed, offset], got ",
              dtype_name(r.scalar_type()), " of shape ", shape_str(r));
-    // The kernels read seed and offset from device memory (a CUDA graph replays
-    // with each replay's values) and keep an element when its random byte is below
-    // a threshold of 1/16 resolution (kernel/dropout.h): 16 t + n = round((1 - p) 4096).
+    // On q's device the kernels read seed and offset from device memory (a CUDA
+    // graph replays with each replay's values); on the CPU (an eager call's draw)
+    // their sum is a kernel parameter. An element is kept when its random byte is
+    // below a threshold of 1/16 resolution (kernel/dropout.h): 16 t + n = round((1 - p) 4096).
     const long keep16 = std::lround((1.0 - o.dropout_p) * 4096.0);
-    p.rng_state = static_cast<const int64_t*>(r.data_ptr());
+    p.dropout = true;
+    if (r.is_cpu()) {
+      const auto* seed_offset = static_cast<const int64_t*>(r.data_ptr());
+      p.rng_seed_offset = uint64_t(seed_offset[0]) + uint64_t(seed_offset[1]);
+    } else {
+      p.rng_state = static_cast<const int64_t*>(r.data_ptr());
+    }
     p.dropout_p = static_cast<float>(o.dropout_p);
     p.dropout_threshold = static_cast<uint32_t>(keep16 / 16);
     p.dropout_dither = static_cast<uint32_t>(keep16 % 16);
@@ -781,7 +788,7 @@ Tensor run_fwd(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& 
   if (q.size(0) == 0 || p.seqlen_q == 0) return lse;  // varlen, every sequence empty: nothing to compute
   // Few query rows (decode, short prefill): the KV cache kernel, its smaller
   // query tile and GQA packing. Not with dropout, which that kernel lacks.
-  const bool dropout = p.rng_state != nullptr;
+  const bool dropout = p.dropout;
   if (p.cu_seqlens_q == nullptr && p.seqlen_q <= kernel.kv_block_m && !dropout) p.kv_cache = true;
   pack_gqa(p);
   const std::optional<Tensor> accum = dropout ? std::nullopt : plan_splits(p, kernel, 0, q);

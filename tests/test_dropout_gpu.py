@@ -9,7 +9,9 @@
 - The same seed gives bitwise the same outputs and (deterministic mode) gradients;
   another seed other masks; keep rates per (batch, head), row and column.
 - CUDA graph replays draw new masks, each equal to the eager call with its rng_state;
-  torch.compile(fullgraph=True) gives the eager result.
+  torch.compile(fullgraph=True) draws with torch.randint (inductor's fallback_random:
+  eager's randint); an eager call claims [seed, offset] on the host, which gives the
+  kernels the same mask as the same values in device memory.
 - A small transformer trained with dropout follows SDPA's (with dropout) loss curve.
 """
 
@@ -380,6 +382,9 @@ def test_cuda_graph_replays_draw_new_masks():
 
 
 def test_torch_compile_fullgraph_with_dropout():
+    # Compiled, the draw of rng_state is a traced torch.randint (so a compiled CUDA
+    # graph draws anew at each replay); with inductor's fallback_random it is
+    # eager's randint: the compiled call equals the ops called with that draw.
     import torch._inductor.config as inductor_config
 
     dtype = torch.bfloat16 if torch.cuda.get_device_capability()[0] >= 8 else torch.float16
@@ -391,15 +396,97 @@ def test_torch_compile_fullgraph_with_dropout():
         return flashattn.flash_attn_func(q, k, v, 0.2, causal=True, deterministic=True).float().square().sum()
 
     torch.manual_seed(5)
-    want = loss(*leaves)
-    want_grads = torch.autograd.grad(want, leaves)
-    with inductor_config.patch(fallback_random=True):  # inductor draws rng_state with eager's generator
+    state = torch.randint(0, 2**63 - 1, (2,), device="cuda", dtype=torch.int64)
+    q, k, v = (t.detach() for t in leaves)
+    out, lse = call_kernel(OPS.fwd, q, k, v, None, state, 0.2, 0.125, True, -1, -1, 0.0, 0)
+    want = out.float().square().sum()
+    dout = (2 * out.float()).to(dtype)
+    want_grads = OPS.bwd(dout, q, k, v, out, lse, None, state, 0.2, 0.125, True, -1, -1, 0.0, True, 0)
+    with inductor_config.patch(fallback_random=True):
+        compiled = torch.compile(loss, fullgraph=True)
         torch.manual_seed(5)
-        got = torch.compile(loss, fullgraph=True)(*leaves)
+        got = compiled(*leaves)
         got_grads = torch.autograd.grad(got, leaves)
+        torch.manual_seed(6)
+        other = compiled(*leaves)
     torch.testing.assert_close(got, want, rtol=1e-3, atol=1e-3)
     for a, b in zip(got_grads, want_grads):
         torch.testing.assert_close(a, b, rtol=2e-2, atol=2e-2)
+    assert not torch.equal(got, other)
+
+
+# ---- the eager draw: [seed word, offset] claimed on the host
+
+
+@pytest.mark.parametrize("varlen", [False, True], ids=["dense", "varlen"])
+@pytest.mark.parametrize("family, dtype", FAMILY_DTYPES)
+def test_host_rng_state_is_the_same_mask_as_on_the_device(family, dtype, varlen):
+    # A CPU rng_state reaches the kernels as a parameter, one on q's device through
+    # device memory: the same [seed, offset] gives the same bits either way.
+    fam = require(family, dtype, 64)
+    g = torch.Generator("cuda").manual_seed(16)
+    lengths = [77, 0, 200, 1]
+    shape = (sum(lengths), 4, 64) if varlen else (2, 150, 4, 64)
+    q, k, v, dout = (torch.randn(*shape, generator=g, device="cuda", dtype=dtype) for _ in range(4))
+    cu = cu_seqlens(lengths)
+    host = torch.tensor([-(2**62) - 12345, 2**63 - 7], dtype=torch.int64)  # the sum wraps past 2^64
+
+    def run(state):
+        opts = (None, state, 0.3, 0.125, True, -1, -1, 0.0)
+        if varlen:
+            out, lse = call_kernel(OPS.varlen_fwd, q, k, v, cu, cu, max(lengths), max(lengths), *opts, fam)
+            return out, *OPS.varlen_bwd(dout, q, k, v, out, lse, cu, cu, max(lengths), max(lengths), *opts, True, fam)
+        out, lse = call_kernel(OPS.fwd, q, k, v, *opts, fam)
+        return out, *OPS.bwd(dout, q, k, v, out, lse, *opts, True, fam)
+
+    for name, a, b in zip(("out", "dq", "dk", "dv"), run(host), run(host.cuda())):
+        assert torch.equal(a, b), name
+
+
+def test_eager_draw_claims_the_generator_offset():
+    # An eager call claims [mix(seed), offset] and moves the CUDA generator's offset
+    # past the b * heads counters its mask uses: the next call (and every other
+    # consumer of the generator) draws past them.
+    dtype = torch.bfloat16 if torch.cuda.get_device_capability()[0] >= 8 else torch.float16
+    q = torch.randn(3, 64, 6, 64, device="cuda", dtype=dtype)
+    gen = torch.cuda.default_generators[q.device.index]
+    states = []
+    for seed in (7, 7, 8):
+        torch.manual_seed(seed)
+        first = flashattn.interface._draw_rng_state(0.1, q)
+        second = flashattn.interface._draw_rng_state(0.1, q)
+        states.append((first, second, gen.get_offset()))
+    (a1, a2, off), (b1, b2, _), (c1, _, _) = states
+    assert a1.device.type == "cpu" and torch.equal(a1, b1) and torch.equal(a2, b2)
+    assert a1[1].item() == 0 and a2[1].item() == 20 and off == 40  # 3 * 6 counters, in multiples of 4
+    assert a1[0].item() == a2[0].item() != c1[0].item()
+    # Seeds 7 and 8 must not give masks one head apart: their words differ by far more.
+    assert abs(c1[0].item() - a1[0].item()) > 2**40
+    cu = cu_seqlens([5, 0, 0, 59])
+    torch.manual_seed(7)
+    flashattn.interface._draw_rng_state(0.1, q.view(-1, 6, 64)[:64], cu)
+    assert gen.get_offset() == 24  # 4 sequences * 6 heads
+
+
+def test_public_call_in_a_cuda_graph_draws_new_masks():
+    # Captured, the public function draws rng_state on the device (a host draw would
+    # be frozen into the graph): each replay applies another mask.
+    dtype = torch.bfloat16 if torch.cuda.get_device_capability()[0] >= 8 else torch.float16
+    q, k, v = (torch.randn(2, 256, 4, 64, device="cuda", dtype=dtype) for _ in range(3))
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        call_kernel(flashattn.flash_attn_func, q, k, v, 0.3)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = flashattn.flash_attn_func(q, k, v, 0.3)
+    replays = []
+    for _ in range(2):
+        graph.replay()
+        torch.cuda.synchronize()
+        replays.append(out.clone())
+    assert not torch.equal(replays[0], replays[1])
 
 
 @pytest.mark.parametrize("family, dtype", FAMILY_DTYPES)

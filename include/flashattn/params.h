@@ -61,13 +61,17 @@ struct FwdParams {
   const float* alibi_slopes = nullptr;  // (h) or (b, h) fp32; nullptr: off
   index_t alibi_batch_stride = 0;       // 0 when the slopes are (h)
 
-  // Dropout (kernel/dropout.h): on when rng_state is set. rng_state: int64
-  // [seed, offset] in device memory (read by the kernels, so that a CUDA graph
-  // replays with the values of each replay). An element is kept when its random
-  // byte is below dropout_threshold (+1 for dropout_dither of every 16 positions):
-  // dropout_threshold * 16 + dropout_dither = round((1 - p) 4096). Kept
-  // probabilities are scaled by dropout_scale = 1 / (1 - p).
+  // Dropout (kernel/dropout.h): on when `dropout` is set. The mask is a function
+  // of seed + offset: rng_state, int64 [seed, offset] in device memory, where it
+  // is set (read by the kernels, so that a CUDA graph replays with the values of
+  // each replay), else rng_seed_offset (an eager call's draw, from the host). An
+  // element is kept when its random byte is below dropout_threshold (+1 for
+  // dropout_dither of every 16 positions): dropout_threshold * 16 +
+  // dropout_dither = round((1 - p) 4096). Kept probabilities are scaled by
+  // dropout_scale = 1 / (1 - p).
+  bool dropout = false;
   const int64_t* __restrict__ rng_state = nullptr;
+  uint64_t rng_seed_offset = 0;
   float dropout_p = 0.f;
   uint32_t dropout_threshold = 0;
   uint32_t dropout_dither = 0;

@@ -645,10 +645,10 @@ def _check_rng_state(rng_state, q: torch.Tensor, dropout_p) -> None:
             f"rng_state must be an int64 tensor of shape (2,) holding [seed, offset], got"
             f" {rng_state.dtype} of shape {_shape(rng_state)}"
         )
-    if q.device.type == "cuda" and rng_state.device != q.device:
+    if q.device.type == "cuda" and rng_state.device not in (q.device, torch.device("cpu")):
         _fail(
             f"rng_state is on {rng_state.device}; the CUDA kernels read it on q's device"
-            f" ({q.device}) — pass rng_state.to(q.device)"
+            f" ({q.device}) or the CPU — pass rng_state.to(q.device)"
         )
 
 

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import array
+import functools
 import math
+import threading
 
 import torch
 import torch.nn.functional as F
@@ -151,19 +154,18 @@ def _attention(
     family,
 ):
     window_left, window_right = check_window_size(window_size)
-    rng_state = _draw_rng_state(dropout_p, q)
     check_fwd(
         q,
         k,
         v,
         alibi_slopes=alibi_slopes,
-        rng_state=rng_state,
         dropout_p=dropout_p,
         window_left=window_left,
         window_right=window_right,
         softcap=softcap,
         public=True,
     )
+    rng_state = _draw_rng_state(dropout_p, q)
     head_dim = q.shape[-1]
     if softmax_scale is None:
         softmax_scale = 1.0 / math.sqrt(head_dim)
@@ -228,15 +230,51 @@ def _kernel_inputs(q, k, v, family):
     return q, k, v, family, pad
 
 
-def _draw_rng_state(dropout_p, like):
-    """[seed, offset] for the op when dropout is on: an int64 tensor on ``like``'s
-    device, drawn from torch's generator of that device (torch.manual_seed reproduces
-    it), by a torch op (torch.compile traces it; a CUDA graph draws anew at every
-    replay, and the kernels read it from device memory)."""
-    if dropout_p and is_real(dropout_p) and dropout_p > 0:
-        device = like.device if isinstance(like, torch.Tensor) else None
-        return torch.randint(0, 2**63 - 1, (2,), dtype=torch.int64, device=device)
-    return None
+def _draw_rng_state(dropout_p, q, cu_seqlens_q=None):
+    """[seed, offset] for the op when dropout is on (else None), drawn from torch's
+    generator of q's device, so torch.manual_seed reproduces it.
+
+    A plain eager call on a GPU claims it on the host (``_claim_rng_state``): no
+    kernel, the op passes seed + offset to the kernels as a parameter. Under
+    torch.compile (which traces the draw), functorch transforms and CUDA graph
+    capture (where a replay must draw anew), ``torch.randint`` draws it on the device
+    and the kernels read it from device memory. The two draw different masks for
+    the same seed; each is reproducible."""
+    if not (dropout_p and is_real(dropout_p) and dropout_p > 0):
+        return None
+    device = q.device if isinstance(q, torch.Tensor) else None
+    if device is not None and device.type == "cuda" and _eager() and not torch.cuda.is_current_stream_capturing():
+        sequences = q.shape[0] if cu_seqlens_q is None else cu_seqlens_q.numel() - 1
+        return _claim_rng_state(device, max(sequences, 1) * q.shape[-2])
+    return torch.randint(0, 2**63 - 1, (2,), dtype=torch.int64, device=device)
+
+
+_claim_lock = threading.Lock()
+
+
+def _claim_rng_state(device: torch.device, counters: int) -> torch.Tensor:
+    """[seed word, offset] on the CPU from the CUDA generator of ``device``, advancing
+    its offset past the ``counters`` (sequences x heads) values of seed + offset the
+    call's mask uses (kernel/dropout.h adds b * heads + h), as PyTorch's fused
+    kernels claim theirs: the next call's masks never repeat this one's. The seed
+    goes through a 64-bit mix (SplitMix64's) first, so that seeds s and s + 1 do not
+    give shifted copies of one mask stream."""
+    gen = torch.cuda.default_generators[device.index]
+    with _claim_lock:
+        offset = gen.get_offset()
+        gen.set_offset(offset + -(-counters // 4) * 4)  # the generator takes multiples of 4
+    return torch.frombuffer(array.array("q", (_seed_word(gen.initial_seed()), offset)), dtype=torch.int64)
+
+
+@functools.lru_cache(maxsize=16)
+def _seed_word(seed: int) -> int:
+    """SplitMix64's output function of the seed, as a signed 64-bit int."""
+    mask = (1 << 64) - 1
+    z = (seed + 0x9E3779B97F4A7C15) & mask
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & mask
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & mask
+    z ^= z >> 31
+    return z - (1 << 64) if z >> 63 else z
 
 
 def _get_block_size_n(device, head_dim, is_dropout, is_causal):
@@ -484,7 +522,6 @@ def _varlen_attention(
         )
     window_left, window_right = check_window_size(window_size)
     max_seqlen_q, max_seqlen_k = _as_int(max_seqlen_q), _as_int(max_seqlen_k)
-    rng_state = _draw_rng_state(dropout_p, q)
     check_varlen(
         q,
         k,
@@ -494,13 +531,13 @@ def _varlen_attention(
         max_seqlen_q,
         max_seqlen_k,
         alibi_slopes=alibi_slopes,
-        rng_state=rng_state,
         dropout_p=dropout_p,
         window_left=window_left,
         window_right=window_right,
         softcap=softcap,
         public=True,
     )
+    rng_state = _draw_rng_state(dropout_p, q, cu_seqlens_q)
     head_dim = q.shape[-1]
     if softmax_scale is None:
         softmax_scale = 1.0 / math.sqrt(head_dim)

@@ -189,10 +189,11 @@ def dropout_keep_mask(
     return u < threshold
 
 
-def _dropout_scale(rng_state, dropout_p, shape, dtype, dropout_units):
-    """The kept elements' factor: mask / (1 - p), in the compute dtype."""
-    b, h, s_q, s_k = shape
-    keep = dropout_keep_mask(rng_state, b, h, s_q, s_k, dropout_p, dropout_units)
+def _dropout_scale(rng_state, dropout_p, like, dtype, dropout_units):
+    """The kept elements' factor for the probabilities ``like``: mask / (1 - p), in
+    the compute dtype, on like's device (rng_state may be on the CPU)."""
+    b, h, s_q, s_k = like.shape
+    keep = dropout_keep_mask(rng_state.to(like.device), b, h, s_q, s_k, dropout_p, dropout_units)
     return keep.to(dtype) / (1.0 - dropout_p)
 
 
@@ -245,7 +246,7 @@ def attention(
     lse = lse.masked_fill(lse == -math.inf, math.inf)  # flash_attn: no key -> +inf
     probs = _probs(scores, lse, visible)
     if dropout_p > 0:
-        probs = probs * _dropout_scale(rng_state, dropout_p, probs.shape, dtype, dropout_units)
+        probs = probs * _dropout_scale(rng_state, dropout_p, probs, dtype, dropout_units)
     out = torch.einsum("bhqk,bkhd->bqhd", probs, vc)
     return out.to(q.dtype), lse
 
@@ -281,7 +282,7 @@ def attention_bwd(
     probs = _probs(scores, softmax_lse, visible)
     dropped = probs
     if dropout_p > 0:
-        keep_scale = _dropout_scale(rng_state, dropout_p, probs.shape, dtype, dropout_units)
+        keep_scale = _dropout_scale(rng_state, dropout_p, probs, dtype, dropout_units)
         dropped = probs * keep_scale
     dv = torch.einsum("bhqk,bqhd->bkhd", dropped, do)
     dprobs = torch.einsum("bqhd,bkhd->bhqk", do, vc)
@@ -330,7 +331,7 @@ def dropout_attn_probs(
     running = block_max.flip(-1).cummax(-1).values.flip(-1)  # max over blocks >= this one
     running = running.repeat_interleave(block_size_n, dim=-1)[..., :s_k]
     probs = torch.exp(scores - running.masked_fill(running == -math.inf, 0.0))
-    keep = dropout_keep_mask(rng_state, b, h, s_q, s_k, dropout_p, dropout_units)
+    keep = dropout_keep_mask(rng_state.to(q.device), b, h, s_q, s_k, dropout_p, dropout_units)
     probs = torch.where(keep, probs, -probs)
     out = torch.zeros(b, h, -(-s_q // 128) * 128, -(-s_k // 128) * 128, dtype=q.dtype, device=q.device)
     out[..., :s_q, :s_k] = probs.to(q.dtype)

@@ -1,7 +1,8 @@
 // Attention dropout with a counter-based generator: every element's keep bit is a
 // pure function of (rng_state, batch, head, row, column), so the backward
 // regenerates the forward's mask without storing it, in any tile order, and a CUDA
-// graph replays it with the seed and offset it finds in device memory.
+// graph replays it with the seed and offset it finds in device memory (an eager
+// call passes their sum as a parameter: FwdParams::rng_seed_offset).
 //
 // The mask (python/flashattn/reference.py dropout_keep_mask implements the same):
 // element (i, j) of query head h of sequence b, with s = the family's
@@ -108,8 +109,9 @@ struct Dropout {
   }
 
   __device__ void set_head(const FwdParams& p, int batch, int head) {
-    counter_base = uint64_t(p.rng_state[0]) + uint64_t(p.rng_state[1]) + uint64_t(batch) * uint64_t(p.heads) +
-                   uint64_t(head);
+    const uint64_t seed_offset =
+        p.rng_state != nullptr ? uint64_t(p.rng_state[0]) + uint64_t(p.rng_state[1]) : p.rng_seed_offset;
+    counter_base = seed_offset + uint64_t(batch) * uint64_t(p.heads) + uint64_t(head);
   }
 
   // Lane units: the call of column group `group` and row pair `row_pair`, of the

@@ -42,7 +42,7 @@ void launch_variant(const Params& params, Launch&& launch) {
     if (score_mods) launch(std::true_type{}, dropout);
     else launch(std::false_type{}, dropout);
   };
-  if (params.rng_state != nullptr) with_dropout(std::true_type{});
+  if (params.dropout) with_dropout(std::true_type{});
   else with_dropout(std::false_type{});
 }
 
