@@ -10,8 +10,10 @@ For each shape, in one run:
   GPU       one call replayed from a CUDA graph: the kernels alone
 for flashattn.flash_attn_func (no_grad for fwd, autograd for fwd_bwd), the raw
 op torch.ops.flashattn.fwd (fwd only), and SDPA with the FLASH_ATTENTION backend.
+With --dropout P every call drops with probability P (the raw op is given an
+rng_state drawn once, on the device).
 
-  python3 benchmarks/bench_overhead.py [--out benchmarks/results/NAME]
+  python3 benchmarks/bench_overhead.py [--dropout P] [--out benchmarks/results/NAME]
 """
 
 from __future__ import annotations
@@ -97,7 +99,7 @@ def graph_us(torch, fn, replays=200):
         return None
 
 
-def runners(torch, fa, shape, mode):
+def runners(torch, fa, shape, mode, dropout_p=0.0):
     """{impl: callable} for one shape and mode."""
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -125,9 +127,9 @@ def runners(torch, fa, shape, mode):
 
     def ours():
         if varlen:
-            o = fa.flash_attn_varlen_func(q, k, v, cu, cu, s_q, s_k, causal=causal)
+            o = fa.flash_attn_varlen_func(q, k, v, cu, cu, s_q, s_k, dropout_p, causal=causal)
         else:
-            o = fa.flash_attn_func(q, k, v, causal=causal)
+            o = fa.flash_attn_func(q, k, v, dropout_p, causal=causal)
         if bwd:
             o.backward(g)
 
@@ -140,25 +142,26 @@ def runners(torch, fa, shape, mode):
 
         out["flashattn"] = ours_no_grad
         scale = d**-0.5
+        rng = torch.randint(0, 2**63 - 1, (2,), device="cuda", dtype=torch.int64) if dropout_p else None
 
         def raw_op():
             if varlen:
-                torch.ops.flashattn.varlen_fwd(q, k, v, cu, cu, s_q, s_k, None, None, 0.0, scale, causal, -1, -1,
-                                               0.0, 0)
+                torch.ops.flashattn.varlen_fwd(q, k, v, cu, cu, s_q, s_k, None, rng, dropout_p, scale, causal, -1,
+                                               -1, 0.0, 0)
             else:
-                torch.ops.flashattn.fwd(q, k, v, None, None, 0.0, scale, causal, -1, -1, 0.0, 0)
+                torch.ops.flashattn.fwd(q, k, v, None, rng, dropout_p, scale, causal, -1, -1, 0.0, 0)
 
         out["raw op"] = raw_op
     flash = sdpa_kernel([SDPBackend.FLASH_ATTENTION])
 
     def sdpa():
-        o = F.scaled_dot_product_attention(q_, k_, v_, is_causal=causal)
+        o = F.scaled_dot_product_attention(q_, k_, v_, dropout_p=dropout_p, is_causal=causal)
         if bwd:
             o.backward(g_)
 
     def sdpa_no_grad():
         with torch.no_grad():
-            F.scaled_dot_product_attention(q_, k_, v_, is_causal=causal)
+            F.scaled_dot_product_attention(q_, k_, v_, dropout_p=dropout_p, is_causal=causal)
 
     out["SDPA-FA2"] = sdpa if bwd else sdpa_no_grad
     return out, flash, (q, k, v, q_, k_, v_)
@@ -168,6 +171,7 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default=None, help="path without extension for .json")
     p.add_argument("--label", default="", help="a name for this run in the output")
+    p.add_argument("--dropout", type=float, default=0.0, help="dropout_p of every call (default 0)")
     args = p.parse_args(argv)
     import torch
 
@@ -175,14 +179,15 @@ def main(argv=None):
         raise SystemExit("bench_overhead.py: no CUDA device visible")
     fa = load_flashattn()
     dev = torch.cuda.get_device_name(0)
-    print(f"torch {torch.__version__}, {dev}, flashattn {os.path.dirname(fa.__file__)} {args.label}")
+    print(f"torch {torch.__version__}, {dev}, flashattn {os.path.dirname(fa.__file__)}, dropout_p"
+          f" {args.dropout} {args.label}")
     print(f"{'shape':28}{'mode':>8}{'impl':>10}{'host us':>9}{'per call':>9}{'GPU us':>8}")
     rows = []
     for shape in SHAPES:
         for mode in ("fwd", "fwd_bwd"):
-            if shape[2] != shape[3] and mode == "fwd_bwd" and shape[2] == 1:
-                continue  # decode has no backward
-            fns, flash, tensors = runners(torch, fa, shape, mode)
+            if shape[2] == 1 and (mode == "fwd_bwd" or args.dropout):
+                continue  # decode has no backward and no dropout
+            fns, flash, tensors = runners(torch, fa, shape, mode, args.dropout)
             with flash:
                 for impl, fn in fns.items():
                     host, total = per_call_us(torch, fn)
@@ -195,7 +200,7 @@ def main(argv=None):
             del fns, tensors
     if args.out:
         with open(args.out + ".json", "w") as f:
-            json.dump({"device": dev, "torch": torch.__version__, "label": args.label,
+            json.dump({"device": dev, "torch": torch.__version__, "label": args.label, "dropout_p": args.dropout,
                        "calls": CALLS, "repeats": REPEATS, "rows": rows}, f, indent=1)
         print(f"wrote {args.out}.json")
 
