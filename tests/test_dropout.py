@@ -98,22 +98,32 @@ def test_without_dropout_there_is_no_s_dmask():
     assert flashattn.flash_attn_func(q, q, q, return_attn_probs=True)[2] is None
 
 
-def test_lane_units_mask_is_each_threads_call():
-    # sm90's units (kernel/dropout.h): element (i, j) takes byte (j // 8 % 4) * 4 +
-    # (i // 8 % 2) * 2 + j % 2 of the call (lo, j // 32 * 4 + j % 8 // 2, hi, row pair):
-    # a scalar emulation of the 16 elements one thread of a wgmma tile holds.
+@pytest.mark.parametrize("stride, lane_units", [(8, False), (2, False), (8, True)], ids=["sm75_sm80", "sm70", "sm90"])
+def test_mask_is_each_units_call(stride, lane_units):
+    # kernel/dropout.h: element (i, j) takes byte k = (j % 8 // 2) * 4 + (i // s % 2) *
+    # 2 + j % 2 of the call (j // 8, row pair, lo, hi) (a row pair's 8 columns), or
+    # with sm90's lane units byte k = (j // 8 % 4) * 4 + (i // s % 2) * 2 + j % 2 of
+    # the call (lo, j // 32 * 4 + j % 8 // 2, hi, row pair) (one lane's 16 elements):
+    # a scalar emulation, element by element.
     state = torch.tensor([987654321, 2**40 + 3])
     p = 0.3
-    mask = reference.dropout_keep_mask(state, 2, 2, 40, 100, p, reference.DropoutUnits(8, True))
+    mask = reference.dropout_keep_mask(state, 2, 2, 40, 100, p, reference.DropoutUnits(stride, lane_units))
     keep16 = round((1 - p) * 4096)
     zero = torch.zeros((), dtype=torch.int64)
-    for b, h, i, j in [(0, 0, 0, 0), (1, 1, 9, 37), (0, 1, 17, 95), (1, 0, 39, 64), (1, 1, 31, 99)]:
+    for b, h, i, j in [(0, 0, 0, 0), (1, 1, 9, 37), (0, 1, 17, 95), (1, 0, 39, 64), (1, 1, 31, 99), (0, 0, 3, 6)]:
         base = (987654321 + 2**40 + 3 + b * 2 + h) % 2**64
-        counter = _words(base & 0xFFFFFFFF, j // 32 * 4 + j % 8 // 2, base >> 32, (i // 16) * 8 + i % 8)
+        group = j // 32 * 4 + j % 8 // 2 if lane_units else j // 8
+        row_pair = (i // (2 * stride)) * stride + i % stride
+        lo, hi = base & 0xFFFFFFFF, base >> 32
+        counter = _words(lo, group, hi, row_pair) if lane_units else _words(group, row_pair, lo, hi)
         words = [int(w) for w in reference.philox4x32((zero, zero), counter)]
-        k = (j // 8 % 4) * 4 + (i // 8 % 2) * 2 + j % 2
+        k = (j // 8 % 4 if lane_units else j % 8 // 2) * 4 + (i // stride % 2) * 2 + j % 2
         byte = (words[k // 4] >> (8 * (k % 4))) & 0xFF
         assert bool(mask[b, h, i, j]) == (byte < keep16 // 16 + (k < keep16 % 16)), (b, h, i, j)
+
+
+def test_dropout_units_accept_a_row_stride():
     # An int is a row stride without lane units (the argument's old form).
-    assert torch.equal(reference.dropout_keep_mask(state, 2, 2, 40, 100, p, 2),
-                       reference.dropout_keep_mask(state, 2, 2, 40, 100, p, reference.DropoutUnits(2)))
+    state = torch.tensor([987654321, 2**40 + 3])
+    assert torch.equal(reference.dropout_keep_mask(state, 2, 2, 40, 100, 0.3, 2),
+                       reference.dropout_keep_mask(state, 2, 2, 40, 100, 0.3, reference.DropoutUnits(2)))
