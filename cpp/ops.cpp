@@ -488,6 +488,11 @@ int prepare_fwd(const Tensor& q, const Tensor& k, const Tensor& v, const Options
       p.dropout_thresholds2[i] = (p.dropout_threshold + (b < p.dropout_dither)) |
                                  ((p.dropout_threshold + (b + 1 < p.dropout_dither)) << 16);
     }
+    for (uint32_t i = 0; i < 8; ++i) {
+      const uint32_t b = 4 * (i / 2) + i % 2;  // bytes b and b + 2 (thresholds up to 256)
+      p.dropout_drop_addends[i] = (256 - (p.dropout_threshold + (b < p.dropout_dither))) |
+                                  ((256 - (p.dropout_threshold + (b + 2 < p.dropout_dither))) << 16);
+    }
     p.dropout_scale = static_cast<float>(1.0 / (1.0 - o.dropout_p));
   }
 

@@ -79,6 +79,10 @@ struct FwdParams {
   // 2c + half holds the thresholds of bytes 4c + 2 half and 4c + 2 half + 1 in
   // its low and high 16 bits.
   uint32_t dropout_thresholds2[8] = {};
+  // The same as 16-bit addends (kernel/bwd_sm90.h, KeepExchange::make): entry
+  // 2c + b holds 256 - the thresholds of bytes 4c + b and 4c + b + 2 in its low
+  // and high 16 bits, so that a byte plus its addend reaches 256 where it is dropped.
+  uint32_t dropout_drop_addends[8] = {};
   float dropout_scale = 1.f;
 
   bool is_bf16 = false;

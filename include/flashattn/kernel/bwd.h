@@ -211,8 +211,8 @@ struct RowStats {
 // Under wgmma dP may still be in flight: it is waited for after P's exponentials.
 // stats: lse and D of each element's query (RowStats). The coordinates give
 // each element's (query, key) in the tile, whichever of them its rows are.
-// keep_words: the tile's dropout masks made beforehand (make_keep_words), or
-// nullptr to make them here.
+// keep_words: the tile's dropout masks made beforehand (make_keep_words's words,
+// or an object whose kept(r, c) tells), or nullptr to make them here.
 template <typename Traits, bool kScoreMods, bool kDropout, typename Stats, typename Acc, typename Coords,
           typename CoordsRc, typename KeepWords = std::nullptr_t>
 __device__ __forceinline__ void p_and_ds(Acc& acc_s, Acc& acc_dp, const Stats& stats,
@@ -254,18 +254,25 @@ __device__ __forceinline__ void p_and_ds(Acc& acc_s, Acc& acc_dp, const Stats& s
     // P Z for dV; dS = P (Z dP / (1 - p) - D), made as dS (1 - p) = (P Z) dP - P D (1 - p):
     // the preprocess scaled D by 1 - p, and dK and dQ are scaled back. A select, a
     // product and an fma per element (two more products before).
+    auto apply_one = [&](int r, int c, bool kept) {
+      const float p = s_rc(r, c);
+      const float kept_p = kept ? p : 0.f;
+      dp_rc(r, c) = fmaf(kept_p, dp_rc(r, c), -p * stats.d_of(r, c));
+      s_rc(r, c) = kept_p;
+    };
     auto apply = [&](int r, int c, uint32_t keep) {
-      CUTE_UNROLL
-      for (int k = 0; k < 2; ++k) {
-        const float p = s_rc(r, c + k);
-        const float kept_p = (keep >> (16 * k)) & 1u ? p : 0.f;
-        dp_rc(r, c + k) = fmaf(kept_p, dp_rc(r, c + k), -p * stats.d_of(r, c + k));
-        s_rc(r, c + k) = kept_p;
-      }
+      apply_one(r, c, keep & 1u);
+      apply_one(r, c + 1, (keep >> 16) & 1u);
     };
     if constexpr (std::is_same_v<KeepWords, std::nullptr_t>) {
       const Dropout<Traits> drop(params, batch, head);
       drop.for_each_mask(tScS_rc, tScS0_rc, m0, n0, apply);
+    } else if constexpr (!std::is_array_v<KeepWords>) {  // an element's bit: keep_words.kept(r, c)
+      CUTE_UNROLL
+      for (int r = 0; r < kRows; ++r) {
+        CUTE_UNROLL
+        for (int c = 0; c < size<1>(s_rc); ++c) apply_one(r, c, keep_words.kept(r, c));
+      }
     } else {
       CUTE_UNROLL
       for (int r = 0; r < kRows; ++r) {

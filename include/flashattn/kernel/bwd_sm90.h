@@ -51,9 +51,11 @@ constexpr bool bwd_keys_as_rows() {
 // Dropout with keys as rows: the keep masks' Philox calls made by the producer
 // warpgroup's idle warps (KeepExchange::make) rather than by the consumers
 // (KeepExchange::publish). The backward with dropout at d64: 1.6-3.5% faster in
-// every cell of the grid; at d128 up to 3% faster but 3-8% slower at 8k tokens
-// causal (H100, docs/perf-notes.md), so d128 keeps the consumers' calls, and so
-// does the d32 bucket (not measured).
+// every cell of the grid, and 0.8-3.2% more where the makers also compare the
+// bytes with their thresholds, so that the consumers load their drop bits and
+// gather nothing; at d128 up to 3% faster but 3-8% slower at 8k tokens causal
+// (H100, docs/perf-notes.md), so d128 keeps the consumers' calls, and so does
+// the d32 bucket (not measured).
 template <typename Traits, bool kDropout>
 constexpr bool bwd_keep_by_makers() {
   return bwd_keys_as_rows<Traits, kDropout>() && kDropout && Traits::kHeadDim == 64;
@@ -76,17 +78,24 @@ struct SmemTileRing<Element, Layout, 0> {
 // where the Q and dO stages were. P goes through shared memory only where the
 // queries are the rows of S.
 // Dropout with keys as rows: the keep masks' Philox calls of a tile, made once
-// and read by the consumer threads that hold their elements (KeepExchange): in
-// one buffer, or in two where the producer's warps make them. Per call (row pair
-// p, column group g of the tile; see kernel/dropout.h, lane units), its words
-// 0-1 and 2-3 (8-column groups 0-1 and 2-3 of its 32-column span) as two 8-byte
-// halves, g swizzled by p so that a warp's gathers hit every bank once.
+// and read by the consumer threads that hold their elements (KeepExchange). Made
+// by the consumers, in one buffer: per call (row pair p, column group g of the
+// tile; see kernel/dropout.h, lane units), its words 0-1 and 2-3 (8-column
+// groups 0-1 and 2-3 of its 32-column span) as two 8-byte halves, g swizzled by
+// p so that a warp's gathers hit every bank once. Made by the producer's warps,
+// in two: the drop decisions, 4 bytes per consumer thread and call.
 template <int kBlockM, int kGroups, int kBuffers>
 struct KeepExchangeStorage {
   uint2 words[kBuffers][kBlockM / 2][2][kGroups];
 };
 template <int kBlockM, int kGroups>
 struct KeepExchangeStorage<kBlockM, kGroups, 0> {};
+// Made by the producer's warps (two buffers): each consumer thread's drop bits,
+// word j of thread t at bits[j][t ^ 4 (j % 2)] (KeepExchange::make, load_bits).
+template <int kBlockM, int kGroups>
+struct KeepExchangeStorage<kBlockM, kGroups, 2> {
+  uint32_t bits[2][kBlockM / 8][32 * kGroups / 2];
+};
 
 template <typename Traits, bool kKeysAsRows, int kKeepBuffers = 0>
 struct BwdWsSharedStorage {
@@ -145,7 +154,7 @@ struct QueryColumnStats {
 // of its 2 keys x 2 queries of one call. The calls are made either by each
 // consumer warpgroup for its 64 keys (publish; kBlockM / 32 a thread), then a
 // barrier of the warpgroup, or by the producer warpgroup's warps 1-3 a tile
-// ahead into two buffers (make; bwd_keep_by_makers).
+// ahead into two buffers, compared already (make; bwd_keep_by_makers).
 // 0xFFFF in each half of the result whose 16-bit number (a byte, zero-extended)
 // is below the threshold in that half of `threshold2` (as kernel/dropout.h's
 // keep_halves, whose bytes come from one word).
@@ -154,6 +163,18 @@ __device__ __forceinline__ uint32_t keep_below(uint32_t halves, uint32_t thresho
   asm("set.lt.u32.f16x2 %0, %1, %2;" : "=r"(mask) : "r"(halves), "r"(threshold2));
   return mask;
 }
+
+// A consumer thread's drop bits as the producer's warps made them
+// (KeepExchange::make): element (r, c) of p_and_ds's (keys, queries) view, key row
+// r and query 8 (c / 2) + 2 (lane % 4) + c % 2, is bit 8 (2r + c / 2 % 2) of word
+// 2 (c / 4) + c % 2 (its call's row pair p has p / 8 = c / 4, p % 2 = c % 2).
+template <int kWords>
+struct MadeDropBits {
+  uint32_t words[kWords];
+  __device__ __forceinline__ bool kept(int r, int c) const {
+    return ((words[2 * (c / 4) + c % 2] >> (8 * (2 * r + c / 2 % 2))) & 1u) == 0;
+  }
+};
 
 template <typename Traits>
 struct KeepExchange {
@@ -195,21 +216,61 @@ struct KeepExchange {
   __device__ static void wait_free(int buffer) { cutlass::arch::NamedBarrier::sync(kFreeThreads, 5 + buffer); }
   __device__ static void mark_free(int buffer) { cutlass::arch::NamedBarrier::arrive(kFreeThreads, 5 + buffer); }
 
-  // The calls of the tile at (m0, n0) into `buffer`, with the counter of its
-  // query head (Dropout::counter_base), by maker warp `warp` (0-2): steps warp,
-  // warp + 3, ... of 32 calls, lane l of step s making column group l % 16 of
-  // row pair 2 s + l / 16 (a warp's stores fill 256 consecutive bytes). The
-  // producer has 24 registers: nothing is kept but the counter and the loop.
-  __device__ __forceinline__ void make(uint64_t counter, int m0, int n0, int buffer, int warp) const {
-    static_assert(kGroups == 16, "a step is two row pairs");
-    const int lane = threadIdx.x % 32, group = lane % kGroups;
+  // Made by the producer's warps 1-3 (kByMakers): the tile's drop decisions, so
+  // that a consumer thread loads its 32 with 8 loads and nothing else (the
+  // gather below costs 3 instructions a pair of elements). A call's 16 elements
+  // belong to 4 consumer threads, 4 each: its maker compares the bytes with their
+  // thresholds and stores one word per thread, byte 2r + q of which holds (bit 0)
+  // whether the element of key row r and query half q (gather's terms) is dropped.
+  // The tile at (m0, n0), with the counter of its query head
+  // (Dropout::counter_base), into `buffer`, by maker warp `warp` (0-2): steps
+  // warp, warp + 3, ... of 32 calls, lane l of step s making column group
+  // 4 (s % 4) + l % 4 of row pair 8 (s / 4) + l / 4, so that each of its 4 stores
+  // hits 32 banks (thread t's word j at bits[j][t ^ 4 (j % 2)]). Thread t is
+  // consumer warpgroup g / 8's, warp 2 (g % 8 / 4) + a, lane 4 (2 (g % 4) + b) +
+  // p % 8 / 2 (for the elements in words 2a, 2a + 1 of call (p, g), bytes b, b + 2),
+  // and the call is its word 2 (p / 8) + p % 2.
+  __device__ __forceinline__ void make(const BwdParams& params, uint64_t counter, int m0, int n0, int buffer,
+                                       int warp) const {
+    static_assert(kGroups == 16 && kBlockM == 64, "16 steps of 32 calls");
+    const uint32_t lane = threadIdx.x % 32, odd_pair = lane / 4 % 2;
+    const uint32_t lane_word = 256 * odd_pair + 8 * (lane % 4) + lane / 8;
+    const uint32_t base = cast_smem_ptr_to_uint(&storage.bits[buffer][0][0]);
+    const uint32_t address0 = base + 4 * (lane_word + 4 * odd_pair);        // bytes 0, 2 of a word
+    const uint32_t address1 = base + 4 * (lane_word + 4 * (1 - odd_pair));  // bytes 1, 3
 #pragma unroll 1
-    for (int step = warp; step < kBlockM / 4; step += kMakerWarps) {
-      const int pair = 2 * step + lane / kGroups;
-      const uint4 x = Dropout<Traits>::lane_call(counter, uint32_t(n0 / 8 + group), uint32_t(m0 / 2 + pair));
-      const uint32_t address = base(buffer) + offset(pair, 0, group);
-      store(address, x.x, x.y);
-      store(address + kPairBytes / 2, x.z, x.w);
+    for (int step = warp; step < 16; step += kMakerWarps) {
+      const uint32_t group = 4 * (step % 4) + lane % 4, pair = 8 * (step / 4) + lane / 4;
+      const uint4 x = Dropout<Traits>::lane_call(counter, uint32_t(n0 / 8) + group, uint32_t(m0 / 2) + pair);
+      const uint32_t step_bytes = 4 * (512 * (step / 4) + 128 * (step % 4 / 2) + 64 * (step % 2));
+      const uint32_t* add = params.dropout_drop_addends;
+      store_word(address0 + step_bytes, drop_bits<0x4240>(x.x, x.y, add[0], add[2]));
+      store_word(address1 + step_bytes, drop_bits<0x4341>(x.x, x.y, add[1], add[3]));
+      store_word(address0 + step_bytes + 128, drop_bits<0x4240>(x.z, x.w, add[4], add[6]));
+      store_word(address1 + step_bytes + 128, drop_bits<0x4341>(x.z, x.w, add[5], add[7]));
+    }
+  }
+  // Bytes b and b + 2 of words lo and hi (kSelector spreads them to 16-bit
+  // halves) plus their addends: bit 8 of each half is set where the byte reaches
+  // its threshold (dropped); those bits to bit 0 of bytes 0-1 (lo's) and 2-3.
+  template <uint32_t kSelector>
+  __device__ __forceinline__ static uint32_t drop_bits(uint32_t lo, uint32_t hi, uint32_t add_lo, uint32_t add_hi) {
+    uint32_t a, b, bits;
+    asm("prmt.b32 %0, %1, 0, %2;" : "=r"(a) : "r"(lo), "n"(kSelector));
+    asm("prmt.b32 %0, %1, 0, %2;" : "=r"(b) : "r"(hi), "n"(kSelector));
+    asm("prmt.b32 %0, %1, %2, 0x7531;" : "=r"(bits) : "r"(a + add_lo), "r"(b + add_hi));
+    return bits;
+  }
+  __device__ static void store_word(uint32_t address, uint32_t word) {
+    asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(address), "r"(word));
+  }
+  // Consumer thread tidx's (0-255) drop bits of the tile in `buffer` (make).
+  __device__ __forceinline__ void load_bits(uint32_t (&bits)[kBlockM / 8], int buffer, int tidx) const {
+    const uint32_t base = cast_smem_ptr_to_uint(&storage.bits[buffer][0][0]);
+    CUTE_UNROLL
+    for (int j = 0; j < kBlockM / 8; ++j) {
+      const uint32_t address = base + 4 * uint32_t(j * 32 * kGroups / 2 + (tidx ^ (4 * (j % 2))));
+      asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(bits[j]) : "r"(address));
     }
   }
 
@@ -327,7 +388,7 @@ __global__ void __launch_bounds__(Traits::kCtaThreads, 1)
         int m_block = m_begin;
         for (int it = 0; it < num_iters; ++it) {
           if (it >= 2) keeps.wait_free(it % 2);
-          keeps.make(counter, m_block * kBlockM, n0, it % 2, threadIdx.x / 32 - 1);
+          keeps.make(params, counter, m_block * kBlockM, n0, it % 2, threadIdx.x / 32 - 1);
           keeps.mark_full(it % 2);
           if (++m_block == m_end) m_block = m_begin, ++counter;
         }
@@ -535,6 +596,7 @@ __global__ void __launch_bounds__(Traits::kCtaThreads, 1)
     // Dropout: the tile's keep masks, made under its S^T and dP^T and gathered
     // once dS^T's registers are free.
     uint32_t keep[2][kDropout ? kBlockM / 8 : 1];
+    MadeDropBits<kBlockM / 8> made_bits;  // where the producer's warps made them
     [[maybe_unused]] auto keep_exchange = [&] {
       if constexpr (kDropout) return KeepExchange<Traits>{storage.keep};
       else return 0;
@@ -583,13 +645,16 @@ __global__ void __launch_bounds__(Traits::kCtaThreads, 1)
       }
       if constexpr (kKeepByMakers) {
         keep_exchange.wait_full(tidx / 128, it % 2);
-        keep_exchange.gather(keep, params, it % 2, tidx / 128, tidx % 128);
+        keep_exchange.load_bits(made_bits.words, it % 2, tidx);
         if (it + 2 < num_iters) keep_exchange.mark_free(it % 2);
       }
       const QueryColumnStats<decltype(tStcSt0_rc)> stats{storage.lse_hi[stage] + query0, storage.lse_lo[stage] + query0,
                                                         storage.d[stage] + query0, tStcSt0_rc};
       products_wait<Traits, 1>(acc_s);
-      if constexpr (kDropout) {
+      if constexpr (kKeepByMakers) {
+        p_and_ds<Traits, kScoreMods, true>(acc_s, acc_dp, stats, params, mask, tStcSt, tStcSt0, tStcSt_rc,
+                                           tStcSt0_rc, batch, head, m0, n0, made_bits);
+      } else if constexpr (kDropout) {
         p_and_ds<Traits, kScoreMods, true>(acc_s, acc_dp, stats, params, mask, tStcSt, tStcSt0, tStcSt_rc,
                                            tStcSt0_rc, batch, head, m0, n0, keep);
       } else {
