@@ -50,15 +50,16 @@ constexpr bool bwd_keys_as_rows() {
 
 // Dropout with keys as rows: the keep masks' Philox calls made by the producer
 // warpgroup's idle warps (KeepExchange::make) rather than by the consumers
-// (KeepExchange::publish). The backward with dropout at d64: 1.6-3.5% faster in
-// every cell of the grid, and 0.8-3.2% more where the makers also compare the
-// bytes with their thresholds, so that the consumers load their drop bits and
-// gather nothing; at d128 up to 3% faster but 3-8% slower at 8k tokens causal
-// (H100, docs/perf-notes.md), so d128 keeps the consumers' calls, and so does
-// the d32 bucket (not measured).
+// (KeepExchange::publish). The makers also compare the bytes with their
+// thresholds, so that the consumers load their drop bits and gather nothing. The
+// backward with dropout, H100: d64 1.6-3.5% faster in every cell of the grid with
+// the calls alone, 0.8-3.2% more with the compares; d128 1.5-5.4% faster on every
+// shape timed (with the calls alone it lost 3-8% at 8k tokens causal;
+// docs/perf-notes.md). The d32 and d96 buckets keep the consumers' calls (not
+// measured).
 template <typename Traits, bool kDropout>
 constexpr bool bwd_keep_by_makers() {
-  return bwd_keys_as_rows<Traits, kDropout>() && kDropout && Traits::kHeadDim == 64;
+  return bwd_keys_as_rows<Traits, kDropout>() && kDropout && (Traits::kHeadDim == 64 || Traits::kHeadDim == 128);
 }
 
 // N tiles of one layout back to back (none for N = 0: data() is null then).
