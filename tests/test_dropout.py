@@ -51,6 +51,16 @@ def test_keep_rate(p):
     assert abs(mask.float().mean().item() - keep) < 5 * math.sqrt(keep * (1 - keep) / n) + 1e-12
 
 
+def test_keep_rate_rounds_as_the_kernels_host_code():
+    # cpp/ops.cpp rounds (1 - p) 4096 with std::lround, halves away from zero: at
+    # p = 3/8192 that is 4094.5 -> 4095, where Python's round() gives 4094, so the
+    # CPU path's mask would differ from the GPU's in the dithered bytes.
+    assert reference.dropout_keep_rate(3 / 8192) == 4095 / 4096
+    assert reference.dropout_keep_rate(1 / 8192) == 1.0
+    # Thresholds of 256 (p below 1/8192) keep every byte.
+    assert reference.dropout_keep_mask(torch.tensor([5, 6]), 1, 2, 64, 64, 1e-4).all()
+
+
 def test_cpu_forward_and_backward_share_the_mask():
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(2, 33, 4, 16, generator=g, dtype=torch.float64) for _ in range(3))
@@ -108,7 +118,7 @@ def test_mask_is_each_units_call(stride, lane_units):
     state = torch.tensor([987654321, 2**40 + 3])
     p = 0.3
     mask = reference.dropout_keep_mask(state, 2, 2, 40, 100, p, reference.DropoutUnits(stride, lane_units))
-    keep16 = round((1 - p) * 4096)
+    keep16 = math.floor((1 - p) * 4096 + 0.5)  # std::lround, as cpp/ops.cpp rounds it
     zero = torch.zeros((), dtype=torch.int64)
     for b, h, i, j in [(0, 0, 0, 0), (1, 1, 9, 37), (0, 1, 17, 95), (1, 0, 39, 64), (1, 1, 31, 99), (0, 0, 3, 6)]:
         base = (987654321 + 2**40 + 3 + b * 2 + h) % 2**64

@@ -140,7 +140,13 @@ class DropoutUnits(NamedTuple):
 def dropout_keep_rate(dropout_p: float) -> float:
     """The probability that the kernels keep an element: 1 - p to 1/8192
     (round((1 - p) 4096) / 4096)."""
-    return round((1.0 - dropout_p) * 4096) / 4096
+    return _keep16(dropout_p) / 4096
+
+
+def _keep16(dropout_p: float) -> int:
+    """round((1 - p) 4096) with halves away from zero, as the kernels' host code
+    rounds it (std::lround); Python's round() would take a half to the even side."""
+    return math.floor((1.0 - dropout_p) * 4096 + 0.5)
 
 
 def dropout_keep_mask(
@@ -184,7 +190,7 @@ def dropout_keep_mask(
     words = torch.stack(x, dim=-1)  # (..., 4) 32-bit words
     word = torch.gather(words, -1, (byte // 4).expand(shape).unsqueeze(-1)).squeeze(-1)
     u = (word >> ((byte % 4) * 8)) & 0xFF
-    keep16 = round((1.0 - dropout_p) * 4096)
+    keep16 = _keep16(dropout_p)
     threshold = keep16 // 16 + (byte < keep16 % 16).to(torch.int64)
     return u < threshold
 
