@@ -127,6 +127,29 @@ def test_backward_mask_is_the_forward_mask(family, dtype, d):
     assert torch.equal(got, want), f"{(got != want).sum().item()} of {got.numel()} keep bits differ"
 
 
+# The thresholds' ends: below p = 1/8192 round((1 - p) 4096) is 4096 and every byte is
+# kept (the sm90 backward's drop addends are 0), above 1 - 1/8192 it is 0 and none is
+# (addends 256); at 1e-3 and 0.999 the dithered bytes' threshold is 256 and 1. Both
+# the forward's and the backward's masks, in every bucket whose sm90 backward has the
+# producer's warps make them (d <= 128).
+@pytest.mark.parametrize("p", [1e-4, 1e-3, 0.999, 0.9999])
+@pytest.mark.parametrize("d", [32, 64, 96, 128])
+@pytest.mark.parametrize("family, dtype", FAMILIES_FP16)
+def test_masks_at_the_ends_of_the_rate(family, dtype, d, p):
+    fam = require(family, dtype, d)
+    b, s_q, s_k, h = 1, 150, 260, 2
+    state = rng_state(3)
+    want = reference.dropout_keep_mask(state, b, h, s_q, s_k, p, dropout_units(fam))
+    if p < 1 / 8192:
+        assert bool(want.all())
+    if p > 1 - 1 / 8192:
+        assert not bool(want.any())
+    got_fwd = read_forward_mask(fam, b, s_q, s_k, h, h, d, state, p)
+    assert torch.equal(got_fwd, want), f"forward: {(got_fwd != want).sum().item()} of {want.numel()} keep bits differ"
+    got_bwd = read_backward_mask(fam, b, s_q, s_k, h, d, state, p)
+    assert torch.equal(got_bwd, want), f"backward: {(got_bwd != want).sum().item()} of {want.numel()} keep bits differ"
+
+
 @pytest.mark.parametrize("family, dtype", FAMILIES_FP16)
 def test_varlen_mask_counts_rows_in_each_sequence(family, dtype):
     # Sequence i of a varlen batch has batch index i of the mask, rows and columns

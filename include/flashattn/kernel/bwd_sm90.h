@@ -52,15 +52,19 @@ constexpr bool bwd_keys_as_rows() {
 // warpgroup's idle warps (KeepExchange::make) rather than by the consumers
 // (KeepExchange::publish). The makers also compare the bytes with their
 // thresholds, so that the consumers load their drop bits and gather nothing. The
-// backward with dropout at d64, H100: 1.6-3.5% faster in every cell of the grid
-// with the calls alone, 0.8-3.2% more with the compares. At d128 the same measured
-// 1.5-5.4% faster on every shape timed (with the calls alone it lost 3-8% at 8k
-// tokens causal); it waits for a run of the whole GPU suite, so d128 keeps the
-// consumers' calls for now, as do the d32 and d96 buckets (not timed;
-// docs/perf-notes.md).
+// backward with dropout, H100: d64 1.6-3.5% faster in every cell of the grid with
+// the calls alone, 0.8-3.2% more with the compares; d128 1.5-5.4% faster on every
+// shape timed (with the calls alone it lost 3-8% at 8k tokens causal); H200: d32
+// 5.9-7.6%, d96 3.2-4.1%, d128 3.4-5.2% (docs/perf-notes.md).
+// -DFLASHATTN_SM90_BWD_KEEP_BY_CONSUMERS builds the consumers' calls everywhere,
+// to compare.
 template <typename Traits, bool kDropout>
 constexpr bool bwd_keep_by_makers() {
-  return bwd_keys_as_rows<Traits, kDropout>() && kDropout && Traits::kHeadDim == 64;
+#if defined(FLASHATTN_SM90_BWD_KEEP_BY_CONSUMERS)
+  return false;
+#else
+  return bwd_keys_as_rows<Traits, kDropout>() && kDropout;
+#endif
 }
 
 // N tiles of one layout back to back (none for N = 0: data() is null then).
