@@ -155,12 +155,15 @@ struct QueryColumnStats {
 // forward's rows (kernel/dropout.h): one Philox call gives a lane of the forward
 // rows {i, i + 8} x its 8 columns of a 32-column span, of which a thread holding
 // keys as rows has 4 (keys {k, k + 8} x queries {i, i + 8}), and two warps hold
-// the rest. So each call is made once into shared memory and each consumer
-// thread gathers its masks from there (gather): one 8-byte load gives the bytes
-// of its 2 keys x 2 queries of one call. The calls are made either by each
-// consumer warpgroup for its 64 keys (publish; kBlockM / 32 a thread), then a
-// barrier of the warpgroup, or by the producer warpgroup's warps 1-3 a tile
-// ahead into two buffers, compared already (make; bwd_keep_by_makers).
+// the rest. So each call is made once into shared memory. By default the
+// producer warpgroup's warps 1-3 make them a tile ahead into two buffers,
+// compared already (make; bwd_keep_by_makers), and each consumer thread loads
+// its drop bits (load_bits). Built with FLASHATTN_SM90_BWD_KEEP_BY_CONSUMERS,
+// each consumer warpgroup makes the calls for its 64 keys (publish; kBlockM / 32
+// a thread), then a barrier of the warpgroup, and each consumer thread gathers
+// its masks (gather): one 8-byte load gives the bytes of its 2 keys x 2 queries
+// of one call.
+//
 // 0xFFFF in each half of the result whose 16-bit number (a byte, zero-extended)
 // is below the threshold in that half of `threshold2` (as kernel/dropout.h's
 // keep_halves, whose bytes come from one word).
