@@ -103,9 +103,9 @@ def read_backward_mask(family, b, s_q, s_k, h, d, state, p):
     return mask
 
 
-# 1100 keys at d256: past the length where the sm90 forward switches to its
-# long-sequence tile without dropout.
-@pytest.mark.parametrize("d, s_k", [(32, 700), (64, 700), (128, 700), (256, 700), (256, 1100)])
+# 1100 and 1200 keys at d256: past the length where the sm90 forward switches to
+# its long-sequence tile without dropout.
+@pytest.mark.parametrize("d, s_k", [(32, 700), (64, 700), (128, 700), (256, 700), (256, 1100), (256, 1200)])
 @pytest.mark.parametrize("family, dtype", FAMILIES_FP16)
 def test_forward_mask_is_the_reference_mask(family, dtype, d, s_k):
     fam = require(family, dtype, d)
@@ -218,12 +218,17 @@ def test_forward_backward(family, dtype, d, s_q, s_k, causal):
 
 
 # Above d192 the sm90 forward without dropout runs key blocks of 80 from 1024 keys
-# (2048 under a mask); with dropout, lengths on both sides of that switch.
-@pytest.mark.parametrize("s_q, s_k, causal", [(129, 1100, False), (300, 2100, True), (1, 1300, False)])
+# (2048 under a mask); with dropout, lengths on both sides of that switch, under a
+# causal mask, a window and score modifiers.
+@pytest.mark.parametrize(
+    "s_q, s_k, kw",
+    [(129, 1100, {}), (300, 2100, {"causal": True}), (1, 1300, {}), (150, 1200, {"softcap": 5.0}),
+     (200, 2300, {"window": (700, 300)}), (64, 900, {})],
+)
 @pytest.mark.parametrize("d", [200, 256])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
-def test_sm90_dropout_on_both_sides_of_the_long_tile(dtype, d, s_q, s_k, causal):
-    check_dropout("sm90", dtype, 1, s_q, s_k, 2, 1, d, causal=causal)
+def test_sm90_dropout_on_both_sides_of_the_long_tile(dtype, d, s_q, s_k, kw):
+    check_dropout("sm90", dtype, 1, s_q, s_k, 2, 1, d, **kw)
 
 
 # The sm90 backward makes a tile's keep masks during the previous tile's products in
@@ -265,8 +270,18 @@ def test_features(family, dtype, feature):
 
 @pytest.mark.parametrize("family, dtype", FAMILY_DTYPES)
 def test_varlen_forward_backward(family, dtype):
-    fam = require(family, dtype, 64)
-    lengths_q, lengths_k, h, d = [1, 130, 0, 77, 300], [20, 128, 5, 0, 301], 4, 64
+    check_varlen_dropout(family, dtype, 64, [1, 130, 0, 77, 300], [20, 128, 5, 0, 301])
+
+
+# Varlen with dropout where the longest sequence would take the sm90 forward's
+# long-sequence tile without dropout (above d192, 2048 keys under a causal mask).
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_sm90_varlen_dropout_at_long_tile_lengths(dtype):
+    check_varlen_dropout("sm90", dtype, 256, [1, 130, 0, 77, 300], [1100, 128, 5, 0, 2301])
+
+
+def check_varlen_dropout(family, dtype, d, lengths_q, lengths_k, h=4):
+    fam = require(family, dtype, d)
     g = torch.Generator("cuda").manual_seed(5)
     q = torch.randn(sum(lengths_q), h, d, generator=g, device="cuda", dtype=dtype)
     k = torch.randn(sum(lengths_k), 2, d, generator=g, device="cuda", dtype=dtype)
