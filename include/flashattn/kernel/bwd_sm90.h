@@ -241,14 +241,15 @@ struct KeepExchange {
   // and the call is its word 2 (p / 8) + p % 2.
   __device__ __forceinline__ void make(const BwdParams& params, uint64_t counter, int m0, int n0, int buffer,
                                        int warp) const {
-    static_assert(kGroups == 16 && kBlockM == 64, "16 steps of 32 calls");
+    static_assert(kGroups == 16 && kBlockM % 64 == 0, "steps of 32 calls: 4 column groups of 8 row pairs");
+    constexpr int kSteps = kBlockM / 4;
     const uint32_t lane = threadIdx.x % 32, odd_pair = lane / 4 % 2;
     const uint32_t lane_word = 256 * odd_pair + 8 * (lane % 4) + lane / 8;
     const uint32_t base = cast_smem_ptr_to_uint(&storage.bits[buffer][0][0]);
     const uint32_t address0 = base + 4 * (lane_word + 4 * odd_pair);        // bytes 0, 2 of a word
     const uint32_t address1 = base + 4 * (lane_word + 4 * (1 - odd_pair));  // bytes 1, 3
 #pragma unroll 1
-    for (int step = warp; step < 16; step += kMakerWarps) {
+    for (int step = warp; step < kSteps; step += kMakerWarps) {
       const uint32_t group = 4 * (step % 4) + lane % 4, pair = 8 * (step / 4) + lane / 4;
       const uint4 x = Dropout<Traits>::lane_call(counter, uint32_t(n0 / 8) + group, uint32_t(m0 / 2) + pair);
       const uint32_t step_bytes = 4 * (512 * (step / 4) + 128 * (step % 4 / 2) + 64 * (step % 2));

@@ -15,18 +15,29 @@ namespace flashattn {
 
 // The tile of a head-dim bucket and kernel variant: 64 query rows per
 // iteration, 128 keys per CTA up to d128 (the warpgroups split the keys of dK
-// and dV), 64 above (they split the head dim). At d64 without dropout or score
+// and dV), 64 above (they split the head dim). Up to d64 without score
 // modifiers (keys as the rows of S and dP, kernel/bwd_sm90.h) 128 query rows:
-// with softcap's derivative beside S, that tile spills 372 B.
+// with softcap's derivative beside S, that tile spills 372 B. With dropout too,
+// whose keep masks the producer's warps make (its main loop reloads 5 spilled
+// values): the backward's main kernel with dropout +2.6% at d64 and +4.5% at d32
+// on every shape timed (H200, docs/perf-notes.md).
+// -DFLASHATTN_SM90_BWD_DROPOUT_64_ROWS keeps dropout at 64 rows, to compare (as
+// does the consumers' keep exchange, FLASHATTN_SM90_BWD_KEEP_BY_CONSUMERS).
+#if defined(FLASHATTN_SM90_BWD_DROPOUT_64_ROWS) || defined(FLASHATTN_SM90_BWD_KEEP_BY_CONSUMERS)
+inline constexpr bool kBwdDropoutLongQueryBlocks = false;
+#else
+inline constexpr bool kBwdDropoutLongQueryBlocks = true;
+#endif
 #if defined(FLASHATTN_SM90_BWD_TILE_M) && defined(FLASHATTN_SM90_BWD_TILE_N)
-template <int kHeadDim, bool kPlain>
+template <int kHeadDim, bool kScoreMods, bool kDropout>
 struct Sm90BwdTile {
   static constexpr int kM = FLASHATTN_SM90_BWD_TILE_M, kN = FLASHATTN_SM90_BWD_TILE_N;
 };
 #else
-template <int kHeadDim, bool kPlain>
+template <int kHeadDim, bool kScoreMods, bool kDropout>
 struct Sm90BwdTile {
-  static constexpr int kM = kHeadDim <= 64 && kPlain ? 128 : 64, kN = kHeadDim <= 128 ? 128 : 64;
+  static constexpr int kM = kHeadDim <= 64 && !kScoreMods && (kBwdDropoutLongQueryBlocks || !kDropout) ? 128 : 64;
+  static constexpr int kN = kHeadDim <= 128 ? 128 : 64;
 };
 #endif
 
@@ -59,25 +70,24 @@ void launch_bwd_ws_variant(const BwdParams& params, cudaStream_t stream) {
 template <typename Element, int kHeadDim, TileSet kSet>
 struct Sm90Bwd {
   static constexpr bool kBuilt = kSet == TileSet::kDefault;
-  // kPlain: neither score modifiers nor dropout.
-  template <bool kPlain>
-  using TraitsFor = Sm90BwdWsTraits<Element, kHeadDim, Sm90BwdTile<kHeadDim, kPlain>::kM,
-                                    Sm90BwdTile<kHeadDim, kPlain>::kN, /*warpgroups=*/2,
-                                    /*S, dP rows=*/Sm90BwdTile<kHeadDim, kPlain>::kM / 64,
-                                    /*dK, dV rows=*/Sm90BwdTile<kHeadDim, kPlain>::kN / 64,
-                                    /*dQ rows=*/Sm90BwdTile<kHeadDim, kPlain>::kM / 64>;
-  // The larger variant's (the kernel table's shared-memory figure).
-  using PlainStorage = BwdWsStorageFor<TraitsFor<true>, false>;
-  using DropoutStorage = BwdWsStorageFor<TraitsFor<false>, true>;
-  using ModsStorage = BwdWsStorageFor<TraitsFor<false>, false>;
-  using LargerStorage =
-      std::conditional_t<(sizeof(PlainStorage) >= sizeof(DropoutStorage)), PlainStorage, DropoutStorage>;
-  using SharedStorage = std::conditional_t<(sizeof(LargerStorage) >= sizeof(ModsStorage)), LargerStorage, ModsStorage>;
+  template <bool kScoreMods, bool kDropout>
+  using Tile = Sm90BwdTile<kHeadDim, kScoreMods, kDropout>;
+  template <bool kScoreMods, bool kDropout>
+  using TraitsFor = Sm90BwdWsTraits<Element, kHeadDim, Tile<kScoreMods, kDropout>::kM, Tile<kScoreMods, kDropout>::kN,
+                                    /*warpgroups=*/2,
+                                    /*S, dP rows=*/Tile<kScoreMods, kDropout>::kM / 64,
+                                    /*dK, dV rows=*/Tile<kScoreMods, kDropout>::kN / 64,
+                                    /*dQ rows=*/Tile<kScoreMods, kDropout>::kM / 64>;
+  template <bool kScoreMods, bool kDropout>
+  using StorageFor = BwdWsStorageFor<TraitsFor<kScoreMods, kDropout>, kDropout>;
+  // The largest variant's (the kernel table's shared-memory figure).
+  using SharedStorage = LargestType<StorageFor<false, false>, StorageFor<false, true>, StorageFor<true, false>,
+                                    StorageFor<true, true>>;
 
   // The three passes of the variant's tile (the dQ accumulator's layout follows it).
   static void launch_all(const BwdParams& params, cudaStream_t stream) {
     launch_variant(params, [&](auto score_mods, auto dropout) {
-      using Traits = TraitsFor<!decltype(score_mods)::value && !decltype(dropout)::value>;
+      using Traits = TraitsFor<decltype(score_mods)::value, decltype(dropout)::value>;
       launch_bwd_kernel<Traits>(params, stream,
                                 &launch_bwd_ws_variant<Traits, decltype(score_mods)::value, decltype(dropout)::value>);
     });
