@@ -231,9 +231,10 @@ def test_sm90_dropout_on_both_sides_of_the_long_tile(dtype, d, s_q, s_k, kw):
     check_dropout("sm90", dtype, 1, s_q, s_k, 2, 1, d, **kw)
 
 
-# The sm90 backward makes a tile's keep masks during the previous tile's products in
-# the d96 and d128 buckets only (kernel/bwd_sm90.h): head dims on both sides of those
-# bounds, GQA, and a sequence of several query tiles per key block.
+# The sm90 backward's keep masks are made a tile ahead by the producer's warps where
+# the keys are the rows of S (up to d128; 128 query rows up to d64) and by the
+# consumers above (kernel/bwd_sm90.h, launch/bwd_sm90.h): head dims on both sides of
+# those bounds, GQA, and a sequence of several query tiles per key block.
 @pytest.mark.parametrize("s_q, s_k, causal", [(255, 113, True), (113, 300, False), (700, 700, True)])
 @pytest.mark.parametrize("d", [40, 72, 96, 120, 160])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
