@@ -124,7 +124,10 @@ __global__ void __launch_bounds__(Traits::kCtaThreads, 1)
 #if defined(FLASHATTN_SM90_NO_DROPOUT_PINGPONG)
   constexpr bool kPingpong = false;
 #elif defined(FLASHATTN_SM90_PINGPONG)  // every two-warpgroup kernel, to compare
-  constexpr bool kPingpong = Traits::kConsumerWarpgroups == 2 && Traits::kOverlapSoftmax;
+  // Not where the warpgroups have their own key ranges (d224/d256's 64-key
+  // tile): under a causal mask one takes fewer turns, and the other would wait
+  // for a turn forever.
+  constexpr bool kPingpong = Traits::kConsumerWarpgroups == 2 && Traits::kOverlapSoftmax && !kWarpgroupKeyRanges;
 #else
   constexpr bool kPingpong =
       kDropout && Traits::kConsumerWarpgroups == 2 && Traits::kOverlapSoftmax && Traits::kHeadDim <= 64;
