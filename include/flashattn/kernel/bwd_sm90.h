@@ -232,33 +232,49 @@ struct KeepExchange {
   // thresholds and stores one word per thread, byte 2r + q of which holds (bit 0)
   // whether the element of key row r and query half q (gather's terms) is dropped.
   // The tile at (m0, n0), with the counter of its query head
-  // (Dropout::counter_base), into `buffer`, by maker warp `warp` (0-2): steps
-  // warp, warp + 3, ... of 32 calls, lane l of step s making column group
-  // 4 (s % 4) + l % 4 of row pair 8 (s / 4) + l / 4, so that each of its 4 stores
-  // hits 32 banks (thread t's word j at bits[j][t ^ 4 (j % 2)]). Thread t is
-  // consumer warpgroup g / 8's, warp 2 (g % 8 / 4) + a, lane 4 (2 (g % 4) + b) +
-  // p % 8 / 2 (for the elements in words 2a, 2a + 1 of call (p, g), bytes b, b + 2),
-  // and the call is its word 2 (p / 8) + p % 2.
+  // (Dropout::counter_base), into `buffer`, by maker warp `warp` (0-2), in steps
+  // of 32 calls: lane l of step s makes column group 4 (s % 4) + l % 4 of row
+  // pair 8 (s / 4) + l / 4, so that each of its 4 stores hits 32 banks (thread t's
+  // word j at bits[j][t ^ 4 (j % 2)]). Thread t is consumer warpgroup g / 8's,
+  // warp 2 (g % 8 / 4) + a, lane 4 (2 (g % 4) + b) + p % 8 / 2 (for the elements in
+  // words 2a, 2a + 1 of call (p, g), bytes b, b + 2), and the call is its word
+  // 2 (p / 8) + p % 2. Maker warp w makes the steps of column groups 4 w + l % 4
+  // (s % 4 = w), whose calls share their first rounds (Dropout::GroupPrefix: a
+  // lane's group stays while the row pairs change), and a third of those of groups
+  // 12-15 (s % 4 = 3) in full. Against calls in full everywhere (75 instructions
+  // a call; 52 from the prefix, 59 in full with the steps' offsets in unsigned
+  // arithmetic), the backward with dropout, H200: d64 +1.2-2.2%, d128 0 (docs/perf-notes.md).
   __device__ __forceinline__ void make(const BwdParams& params, uint64_t counter, int m0, int n0, int buffer,
                                        int warp) const {
     static_assert(kGroups == 16 && kBlockM % 64 == 0, "steps of 32 calls: 4 column groups of 8 row pairs");
+    static_assert(kMakerWarps == 3, "three warps with groups of their own, the fourth's shared");
     constexpr int kSteps = kBlockM / 4;
     const uint32_t lane = threadIdx.x % 32, odd_pair = lane / 4 % 2;
     const uint32_t lane_word = 256 * odd_pair + 8 * (lane % 4) + lane / 8;
     const uint32_t base = cast_smem_ptr_to_uint(&storage.bits[buffer][0][0]);
     const uint32_t address0 = base + 4 * (lane_word + 4 * odd_pair);        // bytes 0, 2 of a word
     const uint32_t address1 = base + 4 * (lane_word + 4 * (1 - odd_pair));  // bytes 1, 3
-#pragma unroll 1
-    for (int step = warp; step < kSteps; step += kMakerWarps) {
-      const uint32_t group = 4 * (step % 4) + lane % 4, pair = 8 * (step / 4) + lane / 4;
-      const uint4 x = Dropout<Traits>::lane_call(counter, uint32_t(n0 / 8) + group, uint32_t(m0 / 2) + pair);
-      const uint32_t step_bytes = 4 * (512 * (step / 4) + 128 * (step % 4 / 2) + 64 * (step % 2));
+    // Step 4 quad + j's words lie 4 (512 quad + 128 (j / 2) + 64 (j % 2)) bytes in.
+    auto store_call = [&](uint32_t quad, uint32_t j, const uint4& x) {
+      const uint32_t step_bytes = 2048 * quad + 512 * (j / 2) + 256 * (j % 2);
       const uint32_t* add = params.dropout_drop_addends;
       store_word(address0 + step_bytes, drop_bits<0x4240>(x.x, x.y, add[0], add[2]));
       store_word(address1 + step_bytes, drop_bits<0x4341>(x.x, x.y, add[1], add[3]));
       store_word(address0 + step_bytes + 128, drop_bits<0x4240>(x.z, x.w, add[4], add[6]));
       store_word(address1 + step_bytes + 128, drop_bits<0x4341>(x.z, x.w, add[5], add[7]));
+    };
+    const uint32_t pair0 = uint32_t(m0 / 2) + lane / 4;
+#pragma unroll 1
+    for (uint32_t quad = warp; quad < kSteps / 4; quad += kMakerWarps) {  // step 4 quad + 3
+      const uint32_t group = uint32_t(n0 / 8) + 12 + lane % 4;
+      store_call(quad, 3, Dropout<Traits>::lane_call(counter, group, pair0 + 8 * quad));
     }
+    // Made here rather than kept across the tile's iterations: the makers'
+    // 24 registers would spill them into their loops.
+    const auto prefix = Dropout<Traits>::group_prefix(counter, uint32_t(n0 / 8 + 4 * warp) + lane % 4);
+#pragma unroll 1
+    for (uint32_t quad = 0; quad < kSteps / 4; ++quad)  // step 4 quad + warp: row pairs 8 quad + l / 4
+      store_call(quad, uint32_t(warp), Dropout<Traits>::lane_call(prefix, pair0 + 8 * quad));
   }
   // Bytes b and b + 2 of words lo and hi (kSelector spreads them to 16-bit
   // halves) plus their addends: bit 8 of each half is set where the byte reaches
@@ -394,7 +410,7 @@ __global__ void __launch_bounds__(Traits::kCtaThreads, 1)
       // the consumers have read what it held two iterations before.
       if (threadIdx.x >= 32) {
         const KeepExchange<Traits> keeps{storage.keep};
-        uint64_t counter = Dropout<Traits>(params, batch, head0).counter_base;  // of the query head
+        uint64_t counter = Dropout<Traits>::counter_of(params, batch, head0);  // of the query head
         int m_block = m_begin;
         for (int it = 0; it < num_iters; ++it) {
           if (it >= 2) keeps.wait_free(it % 2);

@@ -108,10 +108,13 @@ struct Dropout {
     set_head(p, batch, head);
   }
 
-  __device__ void set_head(const FwdParams& p, int batch, int head) {
+  __device__ void set_head(const FwdParams& p, int batch, int head) { counter_base = counter_of(p, batch, head); }
+  // The counter base of a head, for code that keeps only the counter (the sm90
+  // backward's mask-making warps).
+  __device__ static uint64_t counter_of(const FwdParams& p, int batch, int head) {
     const uint64_t seed_offset =
         p.rng_state != nullptr ? uint64_t(p.rng_state[0]) + uint64_t(p.rng_state[1]) : p.rng_seed_offset;
-    counter_base = seed_offset + uint64_t(batch) * uint64_t(p.heads) + uint64_t(head);
+    return seed_offset + uint64_t(batch) * uint64_t(p.heads) + uint64_t(head);
   }
 
   // Lane units: the call of column group `group` and row pair `row_pair`, of the
@@ -164,6 +167,45 @@ struct Dropout {
     for (int round = 3; round < 7; ++round) c = philox_round(c, round);
     return c;
   }
+  // Lane units: the same split with the column group fixed, for code whose calls
+  // share a group and differ in the row pair (the sm90 backward's mask-making
+  // warps, whose keys stay while the query blocks pass): the first round and the
+  // group's products of the second and third. lane_call(group_prefix(counter, g), r)
+  // equals lane_call(counter, g, r).
+  struct GroupPrefix {
+    uint32_t z1_seed;  // round 1's third word but the row pair's XOR
+    uint32_t y1_key;   // round 1's second word, XORed with round 2's key
+    uint32_t w2_key;   // round 2's fourth word, XORed with round 3's key
+    uint32_t x3_part;  // round 3's first word but the row pair's part (round 2's second word)
+    uint32_t y3;       // round 3's second word
+  };
+  __device__ __forceinline__ static GroupPrefix group_prefix(uint64_t counter, uint32_t group) {
+    constexpr uint32_t kKey0 = 0x9E3779B9u, kKey1 = 0xBB67AE85u;
+    uint32_t lo0, hi0, lo1, hi1;
+    mul_wide_u32(0xD2511F53u, uint32_t(counter), lo0, hi0);  // round 1 (key 0)
+    mul_wide_u32(0xCD9E8D57u, uint32_t(counter >> 32), lo1, hi1);
+    GroupPrefix p;
+    p.z1_seed = hi0;
+    p.y1_key = lo1 ^ kKey0;
+    const uint32_t w1 = lo0;
+    mul_wide_u32(0xD2511F53u, hi1 ^ group, lo0, hi0);  // round 2: x1 = hi1 ^ group
+    p.w2_key = lo0 ^ (2 * kKey1);
+    mul_wide_u32(0xCD9E8D57u, hi0 ^ w1 ^ kKey1, lo1, hi1);  // round 3: z2
+    p.x3_part = hi1 ^ (2 * kKey0);
+    p.y3 = lo1;
+    return p;
+  }
+  __device__ __forceinline__ static uint4 lane_call(const GroupPrefix& p, uint32_t row_pair) {
+    uint32_t lo0, hi0, lo1, hi1;
+    mul_wide_u32(0xCD9E8D57u, p.z1_seed ^ row_pair, lo1, hi1);  // round 2
+    const uint32_t x2 = hi1 ^ p.y1_key, y2 = lo1;
+    mul_wide_u32(0xD2511F53u, x2, lo0, hi0);  // round 3
+    uint4 c = make_uint4(p.x3_part ^ y2, p.y3, hi0 ^ p.w2_key, lo0);
+    CUTE_UNROLL
+    for (int round = 3; round < 7; ++round) c = philox_round(c, round);
+    return c;
+  }
+
   // The prefixes of this lane's row pairs in the (rows, cols) view of a tile whose
   // first row is m0 (for_each_mask's coords and coords0).
   template <typename Coords, typename Coords0, int kPairs>
