@@ -130,11 +130,11 @@ class DropoutUnits(NamedTuple):
     """How a kernel family's dropout mask groups elements into Philox calls
     (include/flashattn/kernel/dropout.h): ``paired_row_stride`` pairs rows (i, i + s),
     8 for 16x8 mma atoms (sm75, sm80, sm90 and the CPU path), 2 for sm70; with
-    ``lane_units`` (sm90) a call covers one lane's 16 elements of a row pair in 32
-    columns, else a row pair's 8 columns."""
+    ``lane_units`` (sm80, sm90 and the CPU path) a call covers one lane's 16
+    elements of a row pair in 32 columns, else (sm70, sm75) a row pair's 8 columns."""
 
     paired_row_stride: int = 8
-    lane_units: bool = False
+    lane_units: bool = True
 
 
 def dropout_keep_rate(dropout_p: float) -> float:
@@ -165,7 +165,7 @@ def dropout_keep_mask(
     rng_state's device, without reading it on the host (so it can be captured in a
     CUDA graph)."""
     if isinstance(dropout_units, int):
-        dropout_units = DropoutUnits(dropout_units)
+        dropout_units = DropoutUnits(dropout_units, lane_units=False)
     dev = rng_state.device
     s = dropout_units.paired_row_stride
     i = torch.arange(seqlen_q, device=dev)

@@ -61,6 +61,7 @@ struct Sm70FwdTraits : Sm80FwdTraits<Element_, kHeadDim_, kBlockM_, kBlockN_, kN
   using Sm70AccumulatorLayout::kPThroughSmem;
   using Sm70AccumulatorLayout::kRowShuffleMask;
   using Sm70AccumulatorLayout::rowcol;
+  static constexpr bool kDropoutLaneUnits = false;  // units of two lanes (kernel/dropout.h)
   static_assert(std::is_same_v<Element, cutlass::half_t>, "Volta tensor cores take fp16 only");
 
   using TiledMma = Sm70TiledMma<Sm70AtomTN, kNWarps_, 1>;

@@ -16,6 +16,9 @@ struct Sm75FwdTraits : Sm80FwdTraits<Element_, kHeadDim_, kBlockM_, kBlockN_, kN
   using Element = Element_;
   static_assert(std::is_same_v<Element, cutlass::half_t>, "Turing tensor cores take fp16 only");
   static constexpr int kMaxSmemBytes = 64 * 1024;  // a Turing CTA's shared memory
+  // Its backward's warps hold 8-column atoms apart, so the units stay shared by
+  // lanes (kernel/dropout.h).
+  static constexpr bool kDropoutLaneUnits = false;
 
   // The 16x8x8 atom's C fragment has the 16x8x16 atom's layout (same rows, same
   // lanes: rowcol and the row shuffles are inherited), and its A fragment (16x8,
@@ -54,6 +57,9 @@ struct Sm75BwdTraits : Sm80AccumulatorLayout,
   using Base::kBlockM, Base::kBlockN, Base::kHeadDim, Base::kNWarps;
   static_assert(std::is_same_v<Element_, cutlass::half_t>, "Turing tensor cores take fp16 only");
   static constexpr int kMaxSmemBytes = 64 * 1024;  // a Turing CTA's shared memory
+  // Its backward's warps hold 8-column atoms apart, so the units stay shared by
+  // lanes (kernel/dropout.h).
+  static constexpr bool kDropoutLaneUnits = false;
 
   template <int kWarpRows>
   using WarpTiledMma = TiledMMA<MMA_Atom<SM75_16x8x8_F32F16F16F32_TN>,

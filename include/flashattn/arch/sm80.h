@@ -66,6 +66,11 @@ struct Sm80FwdTraits : Sm80AccumulatorLayout {
                             Tile<Int<16 * kNWarps>, _16, _16>>;
   using TiledMmaPV = TiledMma;  // O += P V
   static constexpr bool kPThroughSmem = false;  // P stays in registers (c_to_a)
+  // A lane holds its rows' columns of the whole key block (32 or more), so each
+  // dropout unit is one lane's 16 elements of a row pair in 32 columns: no words
+  // cross lanes (kernel/dropout.h). The sm75 and sm70 forwards, which derive from
+  // these traits, keep units shared by lanes.
+  static constexpr bool kDropoutLaneUnits = true;
 
   // Shared memory: rows of 64 (or 32) elements, XOR-swizzled so that ldmatrix
   // reads of 8 rows hit 8 different 16-byte bank groups.
@@ -185,6 +190,22 @@ struct Sm80BwdTraits : Sm80AccumulatorLayout,
   using TiledMmadKV = WarpTiledMma<kAtomNdKV>;
   using TiledMmadQ = WarpTiledMma<kAtomMdQ>;
   static_assert(kBlockM % (16 * kAtomMSdP) == 0 && kBlockN % (16 * (kNWarps / kAtomMSdP)) == 0);
+  // S and dP of the dropout kernels (kernel/bwd.h SdPTiling): dropout's lane units
+  // (kernel/dropout.h) cover 32 columns of a lane's row pair, and TiledMmaSdP's
+  // warps hold 8-column atoms 8 (warps along N) apart. The key block's atoms are
+  // permuted for each warp to hold runs of 32 (where the block has 32 per warp,
+  // else runs of 16, each unit then made for the half its warp holds): the same
+  // products, operands and shared-memory traffic, in another order of atoms. The
+  // plain kernels keep TiledMmaSdP (the permuted tiling ran their d64 backward
+  // 2-3% slower; H200, docs/perf-notes.md).
+  static constexpr int kSdPWarpsN = kNWarps / kAtomMSdP;
+  static constexpr int kDropoutGroupRun = kBlockN % (32 * kSdPWarpsN) == 0 ? 4 : 2;
+  static constexpr bool kDropoutLaneUnits = true;
+  using SdPDropoutColumns =
+      Layout<Shape<_8, Int<kSdPWarpsN>, Int<kDropoutGroupRun>>, Stride<_1, Int<8 * kDropoutGroupRun>, _8>>;
+  using TiledMmaSdPDropout = TiledMMA<typename Sm80MmaAtom<Element_>::type,
+                                      Layout<Shape<Int<kAtomMSdP>, Int<kSdPWarpsN>, _1>>,
+                                      Tile<Int<16 * kAtomMSdP>, SdPDropoutColumns, _16>>;
   static_assert(kBlockN % (16 * kAtomNdKV) == 0 && kHeadDim % (16 * (kNWarps / kAtomNdKV)) == 0);
   static_assert(kBlockM % (16 * kAtomMdQ) == 0 && kHeadDim % (16 * (kNWarps / kAtomMdQ)) == 0);
 

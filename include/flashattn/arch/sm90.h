@@ -111,7 +111,8 @@ struct Sm90FwdTraits : Sm80FwdTraits<Element_, kHeadDim_, kBlockM_, kBlockN_, 4 
   using Element = Element_;
   using Base::kBlockM, Base::kBlockN, Base::kHeadDim, Base::kNWarps, Base::kNThreads;
   using Sm90AccumulatorLayout::kRowShuffleMask, Sm90AccumulatorLayout::kPairedRowStride,
-      Sm90AccumulatorLayout::kUnitLanes, Sm90AccumulatorLayout::rowcol, Sm90AccumulatorLayout::c_to_a;
+      Sm90AccumulatorLayout::kUnitLanes, Sm90AccumulatorLayout::kDropoutLaneUnits, Sm90AccumulatorLayout::rowcol,
+      Sm90AccumulatorLayout::c_to_a;
   static_assert(kBlockM % 64 == 0, "a warpgroup computes 64 query rows");
 
   // The products read their operands straight from shared memory (wgmma).

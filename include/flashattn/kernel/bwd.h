@@ -387,6 +387,18 @@ __device__ __forceinline__ auto smem_product(TiledMma tiled_mma, const SmemA& sA
   }
 }
 
+// The S and dP products' tiling: Traits::TiledMmaSdPDropout in the dropout
+// kernels where the family has one (the sm80 family's runs of columns for
+// dropout's lane units), else TiledMmaSdP.
+template <typename Traits, bool kDropout, typename = void>
+struct SdPTiling {
+  using type = typename Traits::TiledMmaSdP;
+};
+template <typename Traits>
+struct SdPTiling<Traits, true, std::void_t<typename Traits::TiledMmaSdPDropout>> {
+  using type = typename Traits::TiledMmaSdPDropout;
+};
+
 // kScoreMods: softcap and ALiBi; kDropout: dropout; template flags as in the forward.
 template <typename Traits, bool kScoreMods, bool kDropout = false>
 __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const BwdParams params) {
@@ -484,7 +496,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const BwdPara
   // The products (smem_product): S = Q K^T and dP = dO V^T; dV += P^T dO and
   // dK += dS^T Q (transposed reads); dQ = dS K: whole tiles, so no predicates
   // (padding rows and columns hold zeros).
-  typename Traits::TiledMmaSdP mma_sdp;
+  typename SdPTiling<Traits, kDropout>::type mma_sdp;
   typename Traits::TiledMmadKV mma_dkv;
   typename Traits::TiledMmadQ mma_dq;
   auto product_s = smem_product<Traits, false, false>(mma_sdp, sQ, sK, tidx);

@@ -12,8 +12,9 @@
 //              (g, r, lo, hi of rng_state[0] + rng_state[1] + b * heads + h)
 //   k        = (j % 8 / 2) * 4 + (i / s % 2) * 2 + j % 2
 //   kept     = byte k of x (little-endian) < t_lo + (k < n_hi)
-// and in families with lane units (kDropoutLaneUnits: sm90), whose lanes hold
-// their rows' columns in runs of 32:
+// and in families with lane units (kDropoutLaneUnits: sm80, sm90), whose lanes
+// hold their rows' columns in runs of 32 (or 16: the sm80 backward's smallest
+// tiles, whose lanes make a unit for the half they hold):
 //   g        = j / 32 * 4 + j % 8 / 2                (32-column span, lane)
 //   x        = Philox4x32-7 with key 0 of the counter (lo, g, hi, r), lo and hi
 //              the halves of rng_state[0] + rng_state[1] + b * heads + h
@@ -25,7 +26,7 @@
 // One call (7 rounds, as FlashAttention-2 and PyTorch's fused attention use; a
 // fixed key makes every round key an immediate) gives the 16 elements of rows
 // {i, i + s} x 8 columns: in every family's accumulator layout they are held by the
-// lanes that differ in kUnitLanes (sm80 0x3: 4 lanes of 4 elements; sm70 0x2: 2
+// lanes that differ in kUnitLanes (sm75 0x3: 4 lanes of 4 elements; sm70 0x2: 2
 // lanes of 8), in the forward's and the backward's tiles alike. Those lanes each
 // compute one call of L neighbouring units and swap words in log2(L) butterfly
 // rounds. With lane units a call gives one lane's 16 elements (rows {i, i + s} x
@@ -87,12 +88,21 @@ struct DropoutLaneUnits : std::false_type {};
 template <typename Traits>
 struct DropoutLaneUnits<Traits, std::void_t<decltype(Traits::kDropoutLaneUnits)>>
     : std::bool_constant<Traits::kDropoutLaneUnits> {};
+// Lane units: the 8-column groups a lane holds in a row (4: runs of 32 columns;
+// 2: runs of 16, the half of a unit its warp holds; kDropoutGroupRun where set).
+template <typename Traits, typename = void>
+struct DropoutGroupRun : std::integral_constant<int, 4> {};
+template <typename Traits>
+struct DropoutGroupRun<Traits, std::void_t<decltype(Traits::kDropoutGroupRun)>>
+    : std::integral_constant<int, Traits::kDropoutGroupRun> {};
 
 // Traits: the family's accumulator facts (kPairedRowStride, kUnitLanes,
 // kDropoutLaneUnits where set).
 template <typename Traits>
 struct Dropout {
   static constexpr bool kLaneUnits = DropoutLaneUnits<Traits>::value;
+  static constexpr int kGroupRun = DropoutGroupRun<Traits>::value;
+  static_assert(kGroupRun == 4 || kGroupRun == 2);
   static constexpr int kRowStride = Traits::kPairedRowStride;
   static constexpr unsigned kLaneMask = Traits::kUnitLanes;
   static constexpr int kLanes = kLaneMask == 0x3 ? 4 : 2;  // lanes sharing a unit
@@ -237,39 +247,51 @@ struct Dropout {
     constexpr int kRows = decltype(size<0>(coords0))::value;
     constexpr int kGroups = decltype(size<1>(coords0))::value / 2;
     static_assert(kLaneUnits && kWords == kRows / 2 * kGroups && kPairs == kRows / 2);
-    // A lane's groups are consecutive and start at a multiple of 4 (its warp's
-    // runs of columns are multiples of 32 long), so span u of row pair p is
-    // groups 4u..4u + 3 of the lane's, and word c of its call is group 4u + c.
-    static_assert(kLanes == 4 && kGroups % 4 == 0, "lane units need runs of 32 columns per lane");
+    // A lane's groups come in runs of kGroupRun consecutive ones starting at a
+    // multiple of kGroupRun (its warp's runs of columns), so run u of row pair p is
+    // groups kGroupRun u.. of the lane's. Runs of 4 are spans: word c of the call
+    // is group 4u + c. A run of 2 is half a span: the call's words 0-1 or 2-3.
+    static_assert(kLanes == 4 && kGroups % kGroupRun == 0, "lane units need runs of 16 or 32 columns per lane");
     const uint32_t group0 = uint32_t(n0 + int(get<1>(coords(0, 0)))) >> 3;
     const uint32_t q = threadIdx.x % 4;
     CUTE_UNROLL
     for (int p = 0; p < kRows / 2; ++p) {
       CUTE_UNROLL
-      for (int u = 0; u < kGroups / 4; ++u) {
-        const uint32_t group = group0 + uint32_t(get<1>(coords0(0, 2 * 4 * u))) / 8;
-        const uint4 x = lane_call(prefixes[p], group + q);
-        words[p * kGroups + 4 * u + 0] = x.x;
-        words[p * kGroups + 4 * u + 1] = x.y;
-        words[p * kGroups + 4 * u + 2] = x.z;
-        words[p * kGroups + 4 * u + 3] = x.w;
+      for (int u = 0; u < kGroups / kGroupRun; ++u) {
+        const uint32_t group = group0 + uint32_t(get<1>(coords0(0, 2 * kGroupRun * u))) / 8;
+        uint32_t* run = words + p * kGroups + kGroupRun * u;
+        if constexpr (kGroupRun == 4) {
+          const uint4 x = lane_call(prefixes[p], group + q);
+          run[0] = x.x, run[1] = x.y, run[2] = x.z, run[3] = x.w;
+        } else {
+          const uint4 x = lane_call(prefixes[p], (group & ~3u) + q);
+          const bool upper = group & 2u;
+          run[0] = upper ? x.z : x.x, run[1] = upper ? x.w : x.y;
+        }
       }
     }
   }
 
   // Lane units: for_each_mask's calls of fn from the words make_words made.
+  // upper_half: runs of 2 groups, the lane's runs are its spans' second halves
+  // (the words' bytes 8-15 of their calls).
   template <typename Coords0, int kWords, typename Fn>
   __device__ __forceinline__ void for_each_mask_of_words(const Coords0& coords0, const uint32_t (&words)[kWords],
-                                                         Fn&& fn) const {
+                                                         Fn&& fn, bool upper_half = false) const {
     constexpr int kRows = decltype(size<0>(coords0))::value;
     constexpr int kGroups = decltype(size<1>(coords0))::value / 2;
+    // The threshold pair of threshold slot i of a word's place in its span.
+    auto threshold = [&](int i) {
+      if constexpr (kGroupRun == 4) return thresholds2[i];
+      else return upper_half ? thresholds2[i + 4] : thresholds2[i];
+    };
     CUTE_UNROLL
     for (int p = 0; p < kRows / 2; ++p) {
       CUTE_UNROLL
       for (int g = 0; g < kGroups; ++g) {
         const uint32_t w = words[p * kGroups + g];
-        fn(2 * p, 2 * g, keep_halves<0x4140>(w, thresholds2[2 * (g % 4)]));
-        fn(2 * p + 1, 2 * g, keep_halves<0x4342>(w, thresholds2[2 * (g % 4) + 1]));
+        fn(2 * p, 2 * g, keep_halves<0x4140>(w, threshold(2 * (g % kGroupRun))));
+        fn(2 * p + 1, 2 * g, keep_halves<0x4342>(w, threshold(2 * (g % kGroupRun) + 1)));
       }
     }
   }
@@ -291,7 +313,9 @@ struct Dropout {
     if constexpr (kLaneUnits) {
       uint32_t words[kUnits];
       make_words(coords, coords0, m0, n0, words);
-      for_each_mask_of_words(coords0, words, fn);
+      // Runs of 2 groups start at multiples of 16 columns (key blocks are of 32).
+      const bool upper_half = kGroupRun == 2 && ((uint32_t(n0 + int(get<1>(coords(0, 0)))) >> 3) & 2u);
+      for_each_mask_of_words(coords0, words, fn, upper_half);
       return;
     }
     // A lane's first row is the lower of a pair and its first column in its group's
