@@ -191,8 +191,8 @@ struct Sm80BwdTraits : Sm80AccumulatorLayout,
   using TiledMmadQ = WarpTiledMma<kAtomMdQ>;
   static_assert(kBlockM % (16 * kAtomMSdP) == 0 && kBlockN % (16 * (kNWarps / kAtomMSdP)) == 0);
   // S and dP of the dropout kernels (kernel/bwd.h SdPTiling): dropout's lane units
-  // (kernel/dropout.h) cover 32 columns of a lane's row pair, and TiledMmaSdP's
-  // warps hold 8-column atoms 8 (warps along N) apart. The key block's atoms are
+  // (kernel/dropout.h) cover 32 columns of a lane's row pair, and each warp of
+  // TiledMmaSdP takes every kSdPWarpsN-th 8-column atom. The key block's atoms are
   // permuted for each warp to hold runs of 32 (where the block has 32 per warp,
   // else runs of 16, each unit then made for the half its warp holds): the same
   // products, operands and shared-memory traffic, in another order of atoms. The
