@@ -108,11 +108,11 @@ def test_without_dropout_there_is_no_s_dmask():
     assert flashattn.flash_attn_func(q, q, q, return_attn_probs=True)[2] is None
 
 
-@pytest.mark.parametrize("stride, lane_units", [(8, False), (2, False), (8, True)], ids=["sm75", "sm70", "sm80_sm90"])
+@pytest.mark.parametrize("stride, lane_units", [(8, False), (2, False), (8, True)], ids=["row_pair_units", "sm70", "sm75_sm80_sm90"])
 def test_mask_is_each_units_call(stride, lane_units):
     # kernel/dropout.h: element (i, j) takes byte k = (j % 8 // 2) * 4 + (i // s % 2) *
     # 2 + j % 2 of the call (j // 8, row pair, lo, hi) (a row pair's 8 columns), or
-    # with the sm80/sm90 lane units byte k = (j // 8 % 4) * 4 + (i // s % 2) * 2 + j % 2 of
+    # with the sm75/sm80/sm90 lane units byte k = (j // 8 % 4) * 4 + (i // s % 2) * 2 + j % 2 of
     # the call (lo, j // 32 * 4 + j % 8 // 2, hi, row pair) (one lane's 16 elements):
     # a scalar emulation, element by element.
     state = torch.tensor([987654321, 2**40 + 3])

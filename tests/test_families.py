@@ -46,4 +46,4 @@ def test_the_registry_is_what_the_package_uses():
         raw = json.load(f)["families"]
     assert list(raw) == list(_families.NAMES)
     assert [_families.get(n).dropout_row_pairing for n in _families.FAMILIES] == [2, 8, 8, 8]
-    assert [_families.get(n).dropout_lane_units for n in _families.FAMILIES] == [False, False, True, True]
+    assert [_families.get(n).dropout_lane_units for n in _families.FAMILIES] == [False, True, True, True]

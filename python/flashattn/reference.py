@@ -130,8 +130,8 @@ class DropoutUnits(NamedTuple):
     """How a kernel family's dropout mask groups elements into Philox calls
     (include/flashattn/kernel/dropout.h): ``paired_row_stride`` pairs rows (i, i + s),
     8 for 16x8 mma atoms (sm75, sm80, sm90 and the CPU path), 2 for sm70; with
-    ``lane_units`` (sm80, sm90 and the CPU path) a call covers one lane's 16
-    elements of a row pair in 32 columns, else (sm70, sm75) a row pair's 8 columns."""
+    ``lane_units`` (sm75, sm80, sm90 and the CPU path) a call covers one lane's 16
+    elements of a row pair in 32 columns, else (sm70) a row pair's 8 columns."""
 
     paired_row_stride: int = 8
     lane_units: bool = True

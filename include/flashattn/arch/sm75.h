@@ -16,9 +16,7 @@ struct Sm75FwdTraits : Sm80FwdTraits<Element_, kHeadDim_, kBlockM_, kBlockN_, kN
   using Element = Element_;
   static_assert(std::is_same_v<Element, cutlass::half_t>, "Turing tensor cores take fp16 only");
   static constexpr int kMaxSmemBytes = 64 * 1024;  // a Turing CTA's shared memory
-  // Its backward's warps hold 8-column atoms apart, so the units stay shared by
-  // lanes (kernel/dropout.h).
-  static constexpr bool kDropoutLaneUnits = false;
+  // Dropout in lane units, as the sm80 forward's (its warps hold whole rows).
 
   // The 16x8x8 atom's C fragment has the 16x8x16 atom's layout (same rows, same
   // lanes: rowcol and the row shuffles are inherited), and its A fragment (16x8,
@@ -57,9 +55,6 @@ struct Sm75BwdTraits : Sm80AccumulatorLayout,
   using Base::kBlockM, Base::kBlockN, Base::kHeadDim, Base::kNWarps;
   static_assert(std::is_same_v<Element_, cutlass::half_t>, "Turing tensor cores take fp16 only");
   static constexpr int kMaxSmemBytes = 64 * 1024;  // a Turing CTA's shared memory
-  // Its backward's warps hold 8-column atoms apart, so the units stay shared by
-  // lanes (kernel/dropout.h).
-  static constexpr bool kDropoutLaneUnits = false;
 
   template <int kWarpRows>
   using WarpTiledMma = TiledMMA<MMA_Atom<SM75_16x8x8_F32F16F16F32_TN>,
@@ -69,6 +64,22 @@ struct Sm75BwdTraits : Sm80AccumulatorLayout,
   using TiledMmadKV = WarpTiledMma<kAtomNdKV>;
   using TiledMmadQ = WarpTiledMma<kAtomMdQ>;
   static_assert(kBlockM % (16 * kAtomMSdP) == 0 && kBlockN % (8 * (kNWarps / kAtomMSdP)) == 0);
+  // S and dP of the dropout kernels: the sm80 backward's permutation of the key
+  // block's atoms, for runs of 32 or 16 columns per warp (d32-d96; d128, d160,
+  // d224). The d192 and d256 tiles hold 8 columns per warp (4 warps along 32
+  // keys): there a lane makes each call for the quarter of its unit it holds,
+  // one call per 4 elements, and the tiling stays TiledMmaSdP.
+  static constexpr int kSdPWarpsN = kNWarps / kAtomMSdP;
+  static constexpr int kDropoutGroupRun =
+      kBlockN % (32 * kSdPWarpsN) == 0 ? 4 : kBlockN % (16 * kSdPWarpsN) == 0 ? 2 : 1;
+  static_assert(kDropoutGroupRun > 1 || kSdPWarpsN % 4 == 0, "single groups: a warp's groups share their place");
+  static constexpr bool kDropoutLaneUnits = true;
+  using SdPDropoutColumns =
+      Layout<Shape<_8, Int<kSdPWarpsN>, Int<kDropoutGroupRun>>, Stride<_1, Int<8 * kDropoutGroupRun>, _8>>;
+  using TiledMmaSdPDropout = std::conditional_t<
+      kDropoutGroupRun == 1, TiledMmaSdP,
+      TiledMMA<MMA_Atom<SM75_16x8x8_F32F16F16F32_TN>, Layout<Shape<Int<kAtomMSdP>, Int<kSdPWarpsN>, _1>>,
+               Tile<Int<16 * kAtomMSdP>, SdPDropoutColumns, _8>>>;
   static_assert(kBlockN % (16 * kAtomNdKV) == 0 && kHeadDim % (8 * (kNWarps / kAtomNdKV)) == 0);
   static_assert(kBlockM % (16 * kAtomMdQ) == 0 && kHeadDim % (8 * (kNWarps / kAtomMdQ)) == 0);
 

@@ -68,8 +68,9 @@ struct Sm80FwdTraits : Sm80AccumulatorLayout {
   static constexpr bool kPThroughSmem = false;  // P stays in registers (c_to_a)
   // A lane holds its rows' columns of the whole key block (32 or more), so each
   // dropout unit is one lane's 16 elements of a row pair in 32 columns: no words
-  // cross lanes (kernel/dropout.h). The sm75 and sm70 forwards, which derive from
-  // these traits, keep units shared by lanes.
+  // cross lanes (kernel/dropout.h). The sm75 forward, which derives from these
+  // traits, takes them too; the sm70 forward (8x8x4 atoms) keeps units shared by
+  // lanes.
   static constexpr bool kDropoutLaneUnits = true;
 
   // Shared memory: rows of 64 (or 32) elements, XOR-swizzled so that ldmatrix

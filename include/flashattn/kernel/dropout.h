@@ -12,9 +12,10 @@
 //              (g, r, lo, hi of rng_state[0] + rng_state[1] + b * heads + h)
 //   k        = (j % 8 / 2) * 4 + (i / s % 2) * 2 + j % 2
 //   kept     = byte k of x (little-endian) < t_lo + (k < n_hi)
-// and in families with lane units (kDropoutLaneUnits: sm80, sm90), whose lanes
-// hold their rows' columns in runs of 32 (or 16: the sm80 backward's smallest
-// tiles, whose lanes make a unit for the half they hold):
+// and in families with lane units (kDropoutLaneUnits: sm75, sm80, sm90), whose
+// lanes hold their rows' columns in runs of 32 (or of 16 or 8: the sm75 and sm80
+// backwards' smallest tiles, whose lanes make a unit for the half or the quarter
+// they hold):
 //   g        = j / 32 * 4 + j % 8 / 2                (32-column span, lane)
 //   x        = Philox4x32-7 with key 0 of the counter (lo, g, hi, r), lo and hi
 //              the halves of rng_state[0] + rng_state[1] + b * heads + h
@@ -26,7 +27,7 @@
 // One call (7 rounds, as FlashAttention-2 and PyTorch's fused attention use; a
 // fixed key makes every round key an immediate) gives the 16 elements of rows
 // {i, i + s} x 8 columns: in every family's accumulator layout they are held by the
-// lanes that differ in kUnitLanes (sm75 0x3: 4 lanes of 4 elements; sm70 0x2: 2
+// lanes that differ in kUnitLanes (0x3: 4 lanes of 4 elements; sm70 0x2: 2
 // lanes of 8), in the forward's and the backward's tiles alike. Those lanes each
 // compute one call of L neighbouring units and swap words in log2(L) butterfly
 // rounds. With lane units a call gives one lane's 16 elements (rows {i, i + s} x
@@ -89,7 +90,8 @@ template <typename Traits>
 struct DropoutLaneUnits<Traits, std::void_t<decltype(Traits::kDropoutLaneUnits)>>
     : std::bool_constant<Traits::kDropoutLaneUnits> {};
 // Lane units: the 8-column groups a lane holds in a row (4: runs of 32 columns;
-// 2: runs of 16, the half of a unit its warp holds; kDropoutGroupRun where set).
+// 2: runs of 16, the half of a unit its warp holds; 1: single groups, a quarter;
+// kDropoutGroupRun where set).
 template <typename Traits, typename = void>
 struct DropoutGroupRun : std::integral_constant<int, 4> {};
 template <typename Traits>
@@ -102,7 +104,7 @@ template <typename Traits>
 struct Dropout {
   static constexpr bool kLaneUnits = DropoutLaneUnits<Traits>::value;
   static constexpr int kGroupRun = DropoutGroupRun<Traits>::value;
-  static_assert(kGroupRun == 4 || kGroupRun == 2);
+  static_assert(kGroupRun == 4 || kGroupRun == 2 || kGroupRun == 1);
   static constexpr int kRowStride = Traits::kPairedRowStride;
   static constexpr unsigned kLaneMask = Traits::kUnitLanes;
   static constexpr int kLanes = kLaneMask == 0x3 ? 4 : 2;  // lanes sharing a unit
@@ -250,8 +252,9 @@ struct Dropout {
     // A lane's groups come in runs of kGroupRun consecutive ones starting at a
     // multiple of kGroupRun (its warp's runs of columns), so run u of row pair p is
     // groups kGroupRun u.. of the lane's. Runs of 4 are spans: word c of the call
-    // is group 4u + c. A run of 2 is half a span: the call's words 0-1 or 2-3.
-    static_assert(kLanes == 4 && kGroups % kGroupRun == 0, "lane units need runs of 16 or 32 columns per lane");
+    // is group 4u + c. A run of 2 is half a span: the call's words 0-1 or 2-3; a
+    // run of 1 a quarter: word group % 4.
+    static_assert(kLanes == 4 && kGroups % kGroupRun == 0, "lane units need runs of 8, 16 or 32 columns per lane");
     const uint32_t group0 = uint32_t(n0 + int(get<1>(coords(0, 0)))) >> 3;
     const uint32_t q = threadIdx.x % 4;
     CUTE_UNROLL
@@ -263,10 +266,14 @@ struct Dropout {
         if constexpr (kGroupRun == 4) {
           const uint4 x = lane_call(prefixes[p], group + q);
           run[0] = x.x, run[1] = x.y, run[2] = x.z, run[3] = x.w;
-        } else {
+        } else if constexpr (kGroupRun == 2) {
           const uint4 x = lane_call(prefixes[p], (group & ~3u) + q);
           const bool upper = group & 2u;
           run[0] = upper ? x.z : x.x, run[1] = upper ? x.w : x.y;
+        } else {
+          const uint4 x = lane_call(prefixes[p], (group & ~3u) + q);
+          const uint32_t place = group & 3u;
+          run[0] = place == 0 ? x.x : place == 1 ? x.y : place == 2 ? x.z : x.w;
         }
       }
     }
@@ -274,16 +281,28 @@ struct Dropout {
 
   // Lane units: for_each_mask's calls of fn from the words make_words made.
   // upper_half: runs of 2 groups, the lane's runs are its spans' second halves
-  // (the words' bytes 8-15 of their calls).
+  // (the words' bytes 8-15 of their calls); quarter: runs of 1, the place (0-3)
+  // in its span of every group of the lane (a warp's groups repeat every span).
   template <typename Coords0, int kWords, typename Fn>
   __device__ __forceinline__ void for_each_mask_of_words(const Coords0& coords0, const uint32_t (&words)[kWords],
-                                                         Fn&& fn, bool upper_half = false) const {
+                                                         Fn&& fn, bool upper_half = false, uint32_t quarter = 0) const {
     constexpr int kRows = decltype(size<0>(coords0))::value;
     constexpr int kGroups = decltype(size<1>(coords0))::value / 2;
-    // The threshold pair of threshold slot i of a word's place in its span.
+    // Runs of 1: the lane's two threshold pairs, picked once (selects: an index
+    // by quarter would put thresholds2 in local memory).
+    uint32_t quarter_thresholds[2] = {thresholds2[0], thresholds2[1]};
+    if constexpr (kGroupRun == 1) {
+      CUTE_UNROLL
+      for (int c = 1; c < 4; ++c) {
+        quarter_thresholds[0] = quarter == uint32_t(c) ? thresholds2[2 * c] : quarter_thresholds[0];
+        quarter_thresholds[1] = quarter == uint32_t(c) ? thresholds2[2 * c + 1] : quarter_thresholds[1];
+      }
+    }
+    // The threshold pair of threshold slot i of a word's place in its run.
     auto threshold = [&](int i) {
       if constexpr (kGroupRun == 4) return thresholds2[i];
-      else return upper_half ? thresholds2[i + 4] : thresholds2[i];
+      else if constexpr (kGroupRun == 2) return upper_half ? thresholds2[i + 4] : thresholds2[i];
+      else return quarter_thresholds[i];
     };
     CUTE_UNROLL
     for (int p = 0; p < kRows / 2; ++p) {
@@ -313,9 +332,11 @@ struct Dropout {
     if constexpr (kLaneUnits) {
       uint32_t words[kUnits];
       make_words(coords, coords0, m0, n0, words);
-      // Runs of 2 groups start at multiples of 16 columns (key blocks are of 32).
-      const bool upper_half = kGroupRun == 2 && ((uint32_t(n0 + int(get<1>(coords(0, 0)))) >> 3) & 2u);
-      for_each_mask_of_words(coords0, words, fn, upper_half);
+      // Runs start at multiples of their length (key blocks are multiples of 32
+      // columns), so the first group's place in its span is every run's.
+      const uint32_t group0 = uint32_t(n0 + int(get<1>(coords(0, 0)))) >> 3;
+      const bool upper_half = kGroupRun == 2 && (group0 & 2u);
+      for_each_mask_of_words(coords0, words, fn, upper_half, kGroupRun == 1 ? group0 & 3u : 0u);
       return;
     }
     // A lane's first row is the lower of a pair and its first column in its group's
