@@ -64,22 +64,15 @@ struct Sm75BwdTraits : Sm80AccumulatorLayout,
   using TiledMmadKV = WarpTiledMma<kAtomNdKV>;
   using TiledMmadQ = WarpTiledMma<kAtomMdQ>;
   static_assert(kBlockM % (16 * kAtomMSdP) == 0 && kBlockN % (8 * (kNWarps / kAtomMSdP)) == 0);
-  // S and dP of the dropout kernels: the sm80 backward's permutation of the key
-  // block's atoms, for runs of 32 or 16 columns per warp (d32-d96; d128, d160,
-  // d224). The d192 and d256 tiles hold 8 columns per warp (4 warps along 32
-  // keys): there a lane makes each call for the quarter of its unit it holds,
-  // one call per 4 elements, and the tiling stays TiledMmaSdP.
-  static constexpr int kSdPWarpsN = kNWarps / kAtomMSdP;
-  static constexpr int kDropoutGroupRun =
-      kBlockN % (32 * kSdPWarpsN) == 0 ? 4 : kBlockN % (16 * kSdPWarpsN) == 0 ? 2 : 1;
-  static_assert(kDropoutGroupRun > 1 || kSdPWarpsN % 4 == 0, "single groups: a warp's groups share their place");
+  // The dropout kernels' S and dP tiling: runs of 32 or 16 columns per warp (d32-d96;
+  // d128, d160, d224); the d192 and d256 tiles hold 8 columns per warp (4 warps along
+  // 32 keys), where each call is made for a quarter unit and the tiling stays plain.
+  using DropoutSdP =
+      DropoutSdPTiling<TiledMmaSdP, MMA_Atom<SM75_16x8x8_F32F16F16F32_TN>, kAtomMSdP, kNWarps / kAtomMSdP,
+                       kBlockN, 8>;
+  static constexpr int kDropoutGroupRun = DropoutSdP::kGroupRun;
   static constexpr bool kDropoutLaneUnits = true;
-  using SdPDropoutColumns =
-      Layout<Shape<_8, Int<kSdPWarpsN>, Int<kDropoutGroupRun>>, Stride<_1, Int<8 * kDropoutGroupRun>, _8>>;
-  using TiledMmaSdPDropout = std::conditional_t<
-      kDropoutGroupRun == 1, TiledMmaSdP,
-      TiledMMA<MMA_Atom<SM75_16x8x8_F32F16F16F32_TN>, Layout<Shape<Int<kAtomMSdP>, Int<kSdPWarpsN>, _1>>,
-               Tile<Int<16 * kAtomMSdP>, SdPDropoutColumns, _8>>>;
+  using TiledMmaSdPDropout = typename DropoutSdP::TiledMma;
   static_assert(kBlockN % (16 * kAtomNdKV) == 0 && kHeadDim % (8 * (kNWarps / kAtomNdKV)) == 0);
   static_assert(kBlockM % (16 * kAtomMdQ) == 0 && kHeadDim % (8 * (kNWarps / kAtomMdQ)) == 0);
 

@@ -172,6 +172,26 @@ struct BwdTileLayouts {
   using SmemCopyAtomO = Copy_Atom<AutoVectorizingCopyWithAssumedAlignment<128>, Element>;
 };
 
+// S and dP of the backward's dropout kernels (kernel/bwd.h SdPTiling). Dropout's lane
+// units (kernel/dropout.h) cover 32 columns of a lane's row pair, and each warp of
+// the plain tiling takes every kWarpsN-th 8-column atom of the key block. This tiling
+// permutes the atoms so that each warp holds runs of 32 columns where the block has
+// 32 per warp, else runs of 16 (each unit then made for the half its warp holds):
+// the same products, operands and shared-memory traffic, in another order of atoms.
+// Where a warp holds only 8 columns (kGroupRun 1, sm75's d192/d256) a lane makes each
+// call for the quarter of its unit it holds, and the plain tiling stays. The plain
+// kernels keep the plain tiling (the permuted one ran sm80's d64 backward 2-3%
+// slower; H200, docs/perf-notes.md).
+template <class PlainTiledMma, class MmaAtom, int kAtomM, int kWarpsN, int kBlockN, int kAtomK>
+struct DropoutSdPTiling {
+  static constexpr int kGroupRun = kBlockN % (32 * kWarpsN) == 0 ? 4 : kBlockN % (16 * kWarpsN) == 0 ? 2 : 1;
+  static_assert(kGroupRun > 1 || kWarpsN % 4 == 0, "single groups: a warp's groups share their place");
+  using Columns = Layout<Shape<_8, Int<kWarpsN>, Int<kGroupRun>>, Stride<_1, Int<8 * kGroupRun>, _8>>;
+  using Permuted = TiledMMA<MmaAtom, Layout<Shape<Int<kAtomM>, Int<kWarpsN>, _1>>,
+                            Tile<Int<16 * kAtomM>, Columns, Int<kAtomK>>>;
+  using TiledMma = std::conditional_t<kGroupRun == 1, PlainTiledMma, Permuted>;
+};
+
 // sm80 backward: each warp owns 16 x 16 of a product's output per tile (the
 // ldmatrix x4 shape); kAtom* warps along the output's rows, the rest along its
 // columns, for S/dP, dK/dV and dQ.
@@ -191,22 +211,14 @@ struct Sm80BwdTraits : Sm80AccumulatorLayout,
   using TiledMmadKV = WarpTiledMma<kAtomNdKV>;
   using TiledMmadQ = WarpTiledMma<kAtomMdQ>;
   static_assert(kBlockM % (16 * kAtomMSdP) == 0 && kBlockN % (16 * (kNWarps / kAtomMSdP)) == 0);
-  // S and dP of the dropout kernels (kernel/bwd.h SdPTiling): dropout's lane units
-  // (kernel/dropout.h) cover 32 columns of a lane's row pair, and each warp of
-  // TiledMmaSdP takes every kSdPWarpsN-th 8-column atom. The key block's atoms are
-  // permuted for each warp to hold runs of 32 (where the block has 32 per warp,
-  // else runs of 16, each unit then made for the half its warp holds): the same
-  // products, operands and shared-memory traffic, in another order of atoms. The
-  // plain kernels keep TiledMmaSdP (the permuted tiling ran their d64 backward
-  // 2-3% slower; H200, docs/perf-notes.md).
-  static constexpr int kSdPWarpsN = kNWarps / kAtomMSdP;
-  static constexpr int kDropoutGroupRun = kBlockN % (32 * kSdPWarpsN) == 0 ? 4 : 2;
+  // The dropout kernels' S and dP tiling: runs of 32 or 16 columns per warp.
+  using DropoutSdP =
+      DropoutSdPTiling<TiledMmaSdP, typename Sm80MmaAtom<Element_>::type, kAtomMSdP, kNWarps / kAtomMSdP,
+                       kBlockN, 16>;
+  static_assert(DropoutSdP::kGroupRun > 1, "sm80 tiles hold 16 columns per warp");
+  static constexpr int kDropoutGroupRun = DropoutSdP::kGroupRun;
   static constexpr bool kDropoutLaneUnits = true;
-  using SdPDropoutColumns =
-      Layout<Shape<_8, Int<kSdPWarpsN>, Int<kDropoutGroupRun>>, Stride<_1, Int<8 * kDropoutGroupRun>, _8>>;
-  using TiledMmaSdPDropout = TiledMMA<typename Sm80MmaAtom<Element_>::type,
-                                      Layout<Shape<Int<kAtomMSdP>, Int<kSdPWarpsN>, _1>>,
-                                      Tile<Int<16 * kAtomMSdP>, SdPDropoutColumns, _16>>;
+  using TiledMmaSdPDropout = typename DropoutSdP::TiledMma;
   static_assert(kBlockN % (16 * kAtomNdKV) == 0 && kHeadDim % (16 * (kNWarps / kAtomNdKV)) == 0);
   static_assert(kBlockM % (16 * kAtomMdQ) == 0 && kHeadDim % (16 * (kNWarps / kAtomMdQ)) == 0);
 
