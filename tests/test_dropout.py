@@ -137,3 +137,44 @@ def test_dropout_units_accept_a_row_stride():
     state = torch.tensor([987654321, 2**40 + 3])
     assert torch.equal(reference.dropout_keep_mask(state, 2, 2, 40, 100, 0.3, 2),
                        reference.dropout_keep_mask(state, 2, 2, 40, 100, 0.3, reference.DropoutUnits(2, lane_units=False)))
+
+
+def _element_wise_keep_mask(rng_state, batch, heads, seqlen_q, seqlen_k, dropout_p, units):
+    """kernel/dropout.h's definition evaluated element by element (every element
+    makes its own call): what dropout_keep_mask, which makes each call once, must equal."""
+    s = units.paired_row_stride
+    i, j = torch.arange(seqlen_q), torch.arange(seqlen_k)
+    bh = torch.arange(batch * heads).view(batch, heads, 1, 1)
+    base = rng_state[0] + rng_state[1] + bh
+    if units.lane_units:
+        group, byte_col = (j // 32 * 4 + j % 8 // 2).view(1, 1, 1, -1), j // 8 % 4 * 4 + j % 2
+    else:
+        group, byte_col = (j // 8).view(1, 1, 1, -1), j % 8 // 2 * 4 + j % 2
+    row_pair = ((i // (2 * s)) * s + i % s).view(1, 1, -1, 1)
+    shape = (batch, heads, seqlen_q, seqlen_k)
+    lo, hi = base & 0xFFFFFFFF, (base >> 32) & 0xFFFFFFFF
+    counter = (lo, group, hi, row_pair) if units.lane_units else (group, row_pair, lo, hi)
+    zero = torch.zeros((), dtype=torch.int64)
+    x = reference.philox4x32((zero, zero), [c.expand(shape) for c in counter])
+    byte = byte_col.view(1, -1) + ((i // s) % 2 * 2).view(-1, 1)
+    word = torch.gather(torch.stack(x, -1), -1, (byte // 4).expand(shape).unsqueeze(-1)).squeeze(-1)
+    keep16 = math.floor((1 - dropout_p) * 4096 + 0.5)
+    return ((word >> ((byte % 4) * 8)) & 0xFF) < keep16 // 16 + (byte < keep16 % 16).to(torch.int64)
+
+
+UNIT_KINDS = [reference.DropoutUnits(8, True), reference.DropoutUnits(8, False), reference.DropoutUnits(2, False)]
+MASK_SHAPES = [(2, 3, 70, 90), (1, 2, 1, 1), (1, 1, 17, 33), (2, 1, 16, 32), (1, 2, 129, 257), (1, 1, 31, 7),
+               (1, 1, 0, 5), (1, 1, 5, 0), (0, 2, 8, 8)]
+
+
+@pytest.mark.parametrize("units", UNIT_KINDS, ids=["lane_units", "row_pair_units", "sm70"])
+@pytest.mark.parametrize("shape", MASK_SHAPES)
+def test_mask_makes_each_call_once_with_the_definitions_bits(units, shape):
+    # Calls made once per (row pair, group) and gathered must give the element-wise
+    # definition's bits, at lengths on and off the 2s rows and 32 (8) columns of a unit,
+    # with a seed whose sum with the offset wraps past 2^63.
+    states = [torch.tensor([987654321, 2**40 + 3]), torch.tensor([2**62 + 5, 2**62 + 7]), torch.tensor([3, 0])]
+    for state, p in zip(states, [0.3, 0.1, 0.999]):
+        got = reference.dropout_keep_mask(state, *shape, p, units)
+        assert got.shape == shape and got.dtype == torch.bool
+        assert torch.equal(got, _element_wise_keep_mask(state, *shape, p, units)), (state, p)

@@ -163,36 +163,52 @@ def dropout_keep_mask(
     dropout.h defines it), with the kernel family's ``dropout_units`` (an int is a
     row stride without lane units, as this argument was before). Computed on
     rng_state's device, without reading it on the host (so it can be captured in a
-    CUDA graph)."""
+    CUDA graph).
+
+    Each Philox call is made once, as the kernels make it, and its 16 bytes'
+    decisions are then gathered into the elements that use them (an element-wise
+    evaluation makes every call 16 times over)."""
     if isinstance(dropout_units, int):
         dropout_units = DropoutUnits(dropout_units, lane_units=False)
     dev = rng_state.device
     s = dropout_units.paired_row_stride
     i = torch.arange(seqlen_q, device=dev)
     j = torch.arange(seqlen_k, device=dev)
-    bh = torch.arange(batch * heads, device=dev).view(batch, heads, 1, 1)
-    # seed + offset + b * heads + h, wrapping at 2^64 as the kernels' uint64 does
-    base = rng_state[0] + rng_state[1] + bh
+    # Every element's call (row pair, column group) and byte of that call.
+    row_pair = (i // (2 * s)) * s + i % s
     if dropout_units.lane_units:
-        group = (j // 32 * 4 + j % 8 // 2).view(1, 1, 1, -1)
+        group = j // 32 * 4 + j % 8 // 2
         byte_col = j // 8 % 4 * 4 + j % 2
+        spans, rest = divmod(seqlen_k, 32)
+        groups = spans * 4 + (min(rest, 8) + 1) // 2
     else:
-        group = (j // 8).view(1, 1, 1, -1)
+        group = j // 8
         byte_col = j % 8 // 2 * 4 + j % 2
-    row_pair = ((i // (2 * s)) * s + i % s).view(1, 1, -1, 1)
-    shape = (batch, heads, seqlen_q, seqlen_k)
-    zero = torch.zeros((), dtype=torch.int64, device=dev)
-    lo, hi = base & _MASK32, (base >> 32) & _MASK32
-    # Lane units put the seed where the first round multiplies (kernel/dropout.h).
-    counter = (lo, group, hi, row_pair) if dropout_units.lane_units else (group, row_pair, lo, hi)
-    x = philox4x32((zero, zero), [c.expand(shape) for c in counter])
+        groups = -(-seqlen_k // 8)
+    blocks, rest = divmod(seqlen_q, 2 * s)
+    row_pairs = blocks * s + min(rest, s)  # row_pair's values are 0 .. row_pairs - 1
     byte = byte_col.view(1, -1) + ((i // s) % 2 * 2).view(-1, 1)
-    words = torch.stack(x, dim=-1)  # (..., 4) 32-bit words
-    word = torch.gather(words, -1, (byte // 4).expand(shape).unsqueeze(-1)).squeeze(-1)
-    u = (word >> ((byte % 4) * 8)) & 0xFF
+    # The calls: seed + offset + b * heads + h, wrapping at 2^64 as the kernels'
+    # uint64 does, and every (row pair, group).
+    bh = torch.arange(batch * heads, device=dev).view(-1, 1, 1)
+    base = rng_state[0] + rng_state[1] + bh
+    lo, hi = base & _MASK32, (base >> 32) & _MASK32
+    r = torch.arange(row_pairs, device=dev).view(1, -1, 1)
+    g = torch.arange(groups, device=dev).view(1, 1, -1)
+    # Lane units put the seed where the first round multiplies (kernel/dropout.h).
+    counter = (lo, g, hi, r) if dropout_units.lane_units else (g, r, lo, hi)
+    shape = (batch * heads, row_pairs, groups)
+    zero = torch.zeros((), dtype=torch.int64, device=dev)
+    words = philox4x32((zero, zero), [c.expand(shape) for c in counter])
+    # Byte k of a call (byte k % 4 of word k // 4, little-endian) is kept below
+    # t_lo + (k < n_hi).
     keep16 = _keep16(dropout_p)
-    threshold = keep16 // 16 + (byte < keep16 % 16).to(torch.int64)
-    return u < threshold
+    kept = torch.stack(
+        [((words[k // 4] >> (8 * (k % 4))) & 0xFF) < keep16 // 16 + int(k < keep16 % 16) for k in range(16)], -1
+    )
+    element = (row_pair.view(-1, 1) * groups + group.view(1, -1)) * 16 + byte
+    keep = kept.view(batch * heads, row_pairs * groups * 16)[:, element.view(-1)]
+    return keep.view(batch, heads, seqlen_q, seqlen_k)
 
 
 def _dropout_scale(rng_state, dropout_p, like, dtype, dropout_units):
