@@ -8,7 +8,8 @@
 # (conftest.py; the default below is about 1,500 tests, 4-5 minutes on an H100);
 # FLASH_ATTN_TESTS_SALT draws another one. Needs einops. Three tests call
 # flash_attn's private C++ bindings (`flash_attn_gpu`, `_flash_attn_varlen_forward`)
-# and are deselected.
+# and are deselected. Narrow a run with -k (e.g. -k "race_condition and 0.17-1024"): a node id
+# in the pytest args adds to the file this script passes, so the whole sample runs.
 set -euo pipefail
 src=${1:?usage: run.sh /path/to/flash-attention [pytest args]}
 shift
